@@ -1,0 +1,55 @@
+"""Bronze: every landed line, untouched, plus where and when it came in."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.session import is_databricks
+from rulewatch.sinks import append_once
+
+
+def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int | None = None) -> DataFrame:
+    """Stream the landing folder line by line (Auto Loader on Databricks, the file source locally).
+
+    Lines are read as text, not JSON, so a malformed line still reaches bronze and can be
+    quarantined with a reason in silver instead of vanishing in a JSON reader.
+    """
+    if is_databricks():
+        reader = spark.readStream.format("cloudFiles").option("cloudFiles.format", "text")
+    else:
+        reader = spark.readStream.format("text")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    return reader.load(landing).select(
+        F.col("value"),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.current_timestamp().alias("ingest_time"),
+    )
+
+
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+    # Numbered here, in batch context (streams cannot), so "first occurrence wins" follows the
+    # order of lines within a file.
+    numbered = batch.withColumn("ingest_seq", F.monotonically_increasing_id())
+    append_once(numbered, lakehouse.bronze_transactions, "rulewatch.bronze.transactions", batch_id)
+
+
+def start_bronze(
+    spark: SparkSession,
+    landing: str,
+    lakehouse: Lakehouse,
+    available_now: bool = True,
+    processing_time: str | None = None,
+) -> StreamingQuery:
+    """Append landed lines to ``bronze/transactions``, idempotently per micro-batch."""
+    writer = (
+        read_landing(spark, landing)
+        .writeStream.queryName("rulewatch_bronze")
+        .option("checkpointLocation", lakehouse.checkpoint("bronze"))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
+    return writer.start()

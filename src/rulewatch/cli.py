@@ -1,0 +1,62 @@
+"""``rulewatch`` console command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rulewatch.rules import RuleSetError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rulewatch.gold import GoldSettings
+    from rulewatch.lakehouse import Lakehouse
+    from rulewatch.pipeline import latest_alerts, run_all
+    from rulewatch.session import get_spark
+
+    landing = Path(args.transactions)
+    if not landing.exists():
+        print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
+        return 2
+    settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness)
+    spark = get_spark()
+    lakehouse = Lakehouse(args.lakehouse)
+    print(f"rulewatch: lakehouse {lakehouse.root}")
+    _, summary = run_all(spark, lakehouse, str(landing.resolve()), args.rules, settings)
+    print("\n".join(summary.lines()))
+    if summary.alerts:
+        print("alerts (first 20 by event time):")
+        for row in latest_alerts(spark, lakehouse).collect():
+            print(
+                f"  rule {row.rule_id}  key {row.group_key:<22} txn {row.transaction_id:<10} "
+                f"{row.event_time:%Y-%m-%d %H:%M:%S}  {row.aggregate_value.normalize():f} {row.operator} "
+                f"{row.limit.normalize():f}  ({row.event_count} events)"
+            )
+    return 0 if summary.balanced else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="process everything landed once (bronze -> silver -> gold) and summarise")
+    run.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    run.add_argument("--transactions", required=True, help="landing folder of JSON-lines transaction files")
+    run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
+    run.add_argument("--shards", type=int, default=16, help="hash shards of the key evaluated per Python call")
+    run.add_argument("--allowed-lateness", default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    run.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RuleSetError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""One micro-batch of one shard: rules in, events in, alerts / metrics / late records out.
+
+Pure Python + numpy so it can be tested (and checked against the oracle) without Spark; the
+Spark processor in ``evaluator.py`` only moves state blobs in and out of RocksDB around it.
+
+State is one blob per *state key* = (keyset, group key): the retained events of that key, shared by
+every rule with the same grouping fields (brief §2), plus each rule's cooldown / reported-values
+memory for that key.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from rulewatch.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
+from rulewatch.windows import aggregate, compare, to_decimal, window_lo, window_start
+
+MONEY_SCALE = 2
+KEY_SEPARATOR = "\x1f"
+MAX_REPORTED_VALUES = 20
+STRING_FIELDS = tuple(f for f, kind in EVENT_FIELDS.items() if kind == "string" and f != "transactionId")
+NUMERIC_FIELDS = tuple(f for f, kind in EVENT_FIELDS.items() if kind == "decimal")
+HISTORY_COLUMNS = ("eventTime", "transactionId", *STRING_FIELDS, *NUMERIC_FIELDS, *(f"{f}_null" for f in NUMERIC_FIELDS))
+
+# Every kind of output row shares one schema (the stateful operator has a single output type).
+OUTPUT_COLUMNS = [
+    "kind", "rule_id", "rule_version", "keyset", "group_key", "transaction_id", "event_ms",
+    "aggregate_value", "limit_value", "operator", "aggregator", "window_start_ms", "window_end_ms",
+    "event_count", "max_aggregate", "distinct_values", "detail",
+]  # fmt: skip
+OUTPUT_SCHEMA = (
+    "kind string, rule_id int, rule_version long, keyset string, group_key string, transaction_id string, "
+    "event_ms long, aggregate_value string, limit_value string, operator string, aggregator string, "
+    "window_start_ms long, window_end_ms long, event_count long, max_aggregate string, "
+    "distinct_values array<string>, detail string"
+)
+
+
+def state_key(keyset: str, group_key: str) -> str:
+    return f"{keyset}{KEY_SEPARATOR}{group_key}"
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+@dataclass
+class RuleBook:
+    """The rules a shard knows, each with the rules-table commit version that last changed it."""
+
+    rules: dict[int, tuple[Rule, int]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({str(rid): [rule.to_json(), version] for rid, (rule, version) in sorted(self.rules.items())})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "RuleBook":
+        if not text:
+            return cls()
+        return cls({int(rid): (parse_rule(body), int(version)) for rid, (body, version) in json.loads(text).items()})
+
+    def apply(self, change_type: str, row: Mapping[str, Any], version: int) -> RuleError | None:
+        """Apply one change-data-feed row; an invalid row leaves the last valid rule in place."""
+        rule_id = row.get("ruleId")
+        if change_type == "delete":
+            self.rules.pop(int(rule_id), None)
+            return None
+        body = {k: v for k, v in row.items() if v is not None}
+        try:
+            rule = parse_rule(body)
+        except RuleError as err:
+            return err
+        if rule.state is RuleState.DELETE:
+            self.rules.pop(rule.rule_id, None)
+        else:
+            self.rules[rule.rule_id] = (rule, version)
+        return None
+
+    def active_by_keyset(self) -> dict[str, list[tuple[Rule, int]]]:
+        out: dict[str, list[tuple[Rule, int]]] = {}
+        for rule, version in self.rules.values():
+            if rule.state is RuleState.ACTIVE:
+                out.setdefault(rule.keyset, []).append((rule, version))
+        return out
+
+    def retention_ms(self, keyset: str) -> int:
+        """History a key must keep: its widest window among rules not deleted (paused ones resume)."""
+        widths = [r.window_ms + r.bucket_ms for r, _ in self.rules.values() if r.keyset == keyset]
+        return max(widths, default=0)
+
+    def memory_ms(self, keyset: str) -> int:
+        """How long a key's per-rule memory (cooldown, reported values) stays meaningful."""
+        spans = [max(r.window_ms, r.cooldown_ms) for r, _ in self.rules.values() if r.keyset == keyset]
+        return max(spans, default=0)
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+def encode_history(columns: Mapping[str, np.ndarray], memory: dict) -> bytes:
+    return pickle.dumps(({name: columns[name] for name in HISTORY_COLUMNS}, memory), protocol=5)
+
+
+def decode_history(blob: bytes) -> tuple[dict[str, np.ndarray], dict]:
+    return pickle.loads(blob)
+
+
+@dataclass
+class BatchResult:
+    rows: list[dict]
+    writes: dict[str, bytes | None]  # state key -> new blob, None = delete
+    expiry_ms: dict[str, int]  # state key -> event time after which the key holds nothing useful
+
+
+def _event_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    cols = {
+        "eventTime": frame["eventTime"].to_numpy(np.int64),
+        "transactionId": frame["transactionId"].to_numpy(object),
+    }
+    for name in STRING_FIELDS:
+        cols[name] = frame[name].to_numpy(object)
+    for name in NUMERIC_FIELDS:
+        cols[name] = frame[name].to_numpy(np.int64)
+        cols[f"{name}_null"] = frame[f"{name}_null"].to_numpy(bool)
+    return cols
+
+
+def _late_rows(late: pd.DataFrame, watermark_ms: int) -> list[dict]:
+    return [
+        {
+            "kind": "late", "keyset": ks, "group_key": gk, "transaction_id": tid, "event_ms": int(t),
+            "detail": f"event time {int(t)} is behind the watermark {watermark_ms} (beyond allowed lateness); not evaluated",
+        }
+        for ks, gk, tid, t in zip(late["keyset"], late["group_key"], late["transactionId"], late["eventTime"])
+    ]  # fmt: skip
+
+
+def evaluate_batch(
+    events: pd.DataFrame,
+    book: RuleBook,
+    load: Callable[[str], bytes | None],
+    watermark_ms: int,
+) -> BatchResult:
+    """Evaluate every active rule on every event of the batch over its exact look-back window.
+
+    ``events`` has one row per (event, keyset): columns ``keyset``, ``group_key`` and the event
+    fields (money as int64 minor units plus a ``<field>_null`` mask). Events older than the
+    watermark are past the allowed lateness: reported as ``late`` rows, neither evaluated nor kept.
+    """
+    rows: list[dict] = []
+    if watermark_ms > 0:
+        is_late = events["eventTime"].to_numpy(np.int64) < watermark_ms
+        rows.extend(_late_rows(events[is_late], watermark_ms))
+        events = events[~is_late]
+    if events.empty:
+        return BatchResult(rows, {}, {})
+    keys = (events["keyset"] + KEY_SEPARATOR + events["group_key"]).to_numpy(object)
+    uniq_keys, new_group = np.unique(keys, return_inverse=True)
+    key_keyset = [k.split(KEY_SEPARATOR, 1)[0] for k in uniq_keys]
+    key_group = [k.split(KEY_SEPARATOR, 1)[1] for k in uniq_keys]
+
+    # Old history first, then the new events; one sort orders everything by (key, time, id).
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in HISTORY_COLUMNS}
+    group_parts: list[np.ndarray] = []
+    memories: list[dict] = []
+    for g, key in enumerate(uniq_keys):
+        blob = load(key)
+        if blob is None:
+            memories.append({})
+            continue
+        cols, memory = decode_history(blob)
+        memories.append(memory)
+        for name in HISTORY_COLUMNS:
+            parts[name].append(cols[name])
+        group_parts.append(np.full(len(cols["eventTime"]), g, dtype=np.int64))
+    n_old = sum(len(p) for p in group_parts)
+    new_cols = _event_columns(events)
+    for name in HISTORY_COLUMNS:
+        parts[name].append(new_cols[name])
+    group_parts.append(new_group.astype(np.int64))
+    cols = {name: np.concatenate(parts[name]) for name in HISTORY_COLUMNS}
+    group = np.concatenate(group_parts)
+    is_new = np.zeros(len(group), dtype=bool)
+    is_new[n_old:] = True
+    _, id_rank = np.unique(cols["transactionId"].astype(str), return_inverse=True)
+    order = np.lexsort((id_rank, cols["eventTime"], group))
+    cols = {name: col[order] for name, col in cols.items()}
+    group, is_new = group[order], is_new[order]
+
+    keyset_of_group = np.array(key_keyset, dtype=object)[group]
+    for keyset, rules in book.active_by_keyset().items():
+        in_keyset = keyset_of_group == keyset
+        if not in_keyset.any():
+            continue
+        for rule, version in rules:
+            rows.extend(_evaluate_rule(rule, version, in_keyset, cols, group, is_new, key_group, memories))
+
+    writes: dict[str, bytes | None] = {}
+    expiry: dict[str, int] = {}
+    bounds = np.searchsorted(group, np.arange(len(uniq_keys) + 1))
+    for g, key in enumerate(uniq_keys):
+        keyset = key_keyset[g]
+        retention = book.retention_ms(keyset)
+        sl = slice(bounds[g], bounds[g + 1])
+        times = cols["eventTime"][sl]
+        keep = np.ones(len(times), bool) if watermark_ms <= 0 else times >= watermark_ms - retention
+        memory = _prune_memory(memories[g], watermark_ms - book.memory_ms(keyset)) if watermark_ms > 0 else memories[g]
+        if not keep.any() and not memory:
+            writes[key] = None
+            continue
+        writes[key] = encode_history({name: col[sl][keep] for name, col in cols.items()}, memory)
+        expiry[key] = int(times.max()) + max(retention, book.memory_ms(keyset))
+    return BatchResult(rows, writes, expiry)
+
+
+def _prune_memory(memory: dict, horizon: int) -> dict:
+    pruned = {}
+    for rule_id, mem in memory.items():
+        reported = {v: t for v, t in mem.get("reported", {}).items() if t >= horizon}
+        last = mem.get("last_alert")
+        if reported or (last is not None and last >= horizon):
+            pruned[rule_id] = {"last_alert": last, "reported": reported}
+    return pruned
+
+
+def _rule_values(rule: Rule, cols: Mapping[str, np.ndarray], sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The aggregated field as (values, non-null mask, decimal scale) restricted to ``sel``."""
+    name = rule.aggregate_field
+    if name in NUMERIC_FIELDS:
+        return cols[name][sel], ~cols[f"{name}_null"][sel], MONEY_SCALE
+    values = cols[name][sel]
+    return values, np.array([v is not None for v in values], dtype=bool), 0
+
+
+def _evaluate_rule(
+    rule: Rule,
+    version: int,
+    in_keyset: np.ndarray,
+    cols: Mapping[str, np.ndarray],
+    group: np.ndarray,
+    is_new: np.ndarray,
+    key_group: list[str],
+    memories: list[dict],
+) -> Iterable[dict]:
+    sel = in_keyset.copy()
+    for name, wanted in rule.filter:
+        sel &= cols[name] == wanted
+    idx = np.flatnonzero(sel)
+    if len(idx) == 0 or not is_new[idx].any():
+        return []
+    g, t = group[idx], cols["eventTime"][idx]
+    values, valid, scale = _rule_values(rule, cols, idx)
+    lo = window_lo(g, t, window_start(t, rule.window_ms, rule.bucket_ms))
+    pos = np.flatnonzero(is_new[idx])
+    agg = aggregate(rule.aggregator, values, valid, lo, pos)
+    value_scale = scale if rule.aggregator not in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) else 0
+    holds = compare(rule.operator, agg, rule.limit, value_scale, rule.aggregator)
+    tids = cols["transactionId"][idx]
+    common = {
+        "rule_id": rule.rule_id, "rule_version": version, "keyset": rule.keyset,
+        "limit_value": str(rule.limit), "operator": rule.operator.value, "aggregator": rule.aggregator.value,
+    }  # fmt: skip
+    out: list[dict] = []
+    for j in np.flatnonzero(holds):
+        p = int(pos[j])
+        gi = int(g[p])
+        distinct = None
+        if rule.aggregator is Aggregator.UNIQUE_COUNT:
+            window_vals = values[lo[p] : p + 1][valid[lo[p] : p + 1]]
+            distinct = sorted({str(v) for v in window_vals})
+        memory = memories[gi].setdefault(rule.rule_id, {"last_alert": None, "reported": {}})
+        now = int(t[p])
+        if rule.cooldown_ms and memory["last_alert"] is not None and now < memory["last_alert"] + rule.cooldown_ms:
+            continue
+        if rule.report_new_values_only:
+            reported = memory["reported"]
+            distinct = [v for v in distinct if reported.get(v, -(2**63)) < now - rule.window_ms]
+            if not distinct:
+                continue
+            for v in distinct:
+                reported[v] = now
+        memory["last_alert"] = now
+        start = int(window_start(np.array([now]), rule.window_ms, rule.bucket_ms)[0])
+        out.append({
+            "kind": "alert", **common, "group_key": key_group[gi], "transaction_id": tids[p], "event_ms": now,
+            "aggregate_value": str(to_decimal(rule.aggregator, agg, j, value_scale)),
+            "window_start_ms": start, "window_end_ms": now, "event_count": int(agg.count[j]),
+            "distinct_values": distinct[:MAX_REPORTED_VALUES] if distinct is not None else None,
+        })  # fmt: skip
+    out.extend(_metrics(rule, common, agg, pos, g, t, value_scale, key_group))
+    return out
+
+
+def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: np.ndarray, scale: int, key_group: list[str]) -> list[dict]:
+    """Per key touched: the window at its last event of the batch and the batch's peak aggregate."""
+    groups = g[pos]
+    last_of_group = np.flatnonzero(np.r_[groups[1:] != groups[:-1], True])
+    first_of_group = np.r_[0, last_of_group[:-1] + 1]
+    rows = []
+    for first, last in zip(first_of_group.tolist(), last_of_group.tolist()):
+        candidates = [j for j in range(first, last + 1) if agg.valid[j]]
+        peak = max(candidates, key=lambda j: _sortable(rule.aggregator, agg, j), default=None)
+        now = int(t[pos[last]])
+        rows.append({
+            "kind": "metric", **common, "group_key": key_group[int(groups[last])], "event_ms": now,
+            "transaction_id": None,
+            "aggregate_value": str(to_decimal(rule.aggregator, agg, last, scale)) if agg.valid[last] else None,
+            "max_aggregate": str(to_decimal(rule.aggregator, agg, peak, scale)) if peak is not None else None,
+            "window_start_ms": int(window_start(np.array([now]), rule.window_ms, rule.bucket_ms)[0]),
+            "window_end_ms": now, "event_count": int(agg.count[last]),
+        })  # fmt: skip
+    return rows
+
+
+def _sortable(aggregator: Aggregator, agg, j: int) -> Decimal:
+    if aggregator is Aggregator.AVG:
+        return Decimal(int(agg.value[j])) / Decimal(int(agg.nonnull[j]))
+    return Decimal(int(agg.value[j]))

@@ -1,0 +1,156 @@
+"""The stateful processor: RocksDB state around the pure batch engine, one call per hash shard.
+
+Grouping by a hash shard of the key (not by the key) is deliberate: a Python call per key costs
+milliseconds, so each call evaluates all keys of a shard at once with numpy (docs/design.md).
+
+State per shard:
+- ``rules``   (ValueState): the rule book, built from the rules table's change feed (the rules
+  stream is broadcast to every shard, like Flink's broadcast state).
+- ``history`` (MapState state key -> blob): retained events + per-rule memory of one key. Only the
+  keys a batch touches are read and written, so write cost follows the keys touched.
+- ``expiry``  (MapState time -> keys): which keys may become empty at an event time, with one
+  event-time timer per rounded time, so idle keys are purged without scanning the shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch
+from rulewatch.schema import RULE_FIELDS
+
+_KEY = StructType([StructField("key", StringType())])
+_BLOB = StructType([StructField("blob", BinaryType())])
+_TEXT = StructType([StructField("text", StringType())])
+_TIME = StructType([StructField("at", LongType())])
+
+
+def _python(value: Any) -> Any:
+    """Arrow hands rule rows over as numpy scalars/arrays and map entries as tuples; integer
+    columns that also carry event rows (all null there) arrive as floats."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, np.floating) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_python(v) for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], tuple):
+        return dict(value)
+    return value
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    # Object columns keep None as None; a default frame would turn missing values into NaN floats.
+    return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in OUTPUT_COLUMNS})
+
+
+class RuleProcessor(StatefulProcessor):
+    """Evaluates every active rule on every event of a shard over its exact look-back window."""
+
+    def __init__(self, cleanup_granularity_ms: int = 60_000) -> None:
+        self.granularity = cleanup_granularity_ms
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.rules = handle.getValueState("rules", _TEXT)
+        self.history = handle.getMapState("history", _KEY, _BLOB)
+        self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
+        self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
+
+    def _book(self) -> RuleBook:
+        stored = self.rules.get()
+        text = stored[0] if stored else None
+        if text != self._book_cache[0]:
+            self._book_cache = (text, RuleBook.from_json(text))
+        return self._book_cache[1]
+
+    def _apply_rule_changes(self, changes: pd.DataFrame, report_errors: bool) -> list[dict]:
+        book = self._book()
+        errors: list[dict] = []
+        # Commit order; within one commit Delta emits at most one post-image per rule.
+        for row in changes.sort_values("commit_version", kind="stable").to_dict("records"):
+            body = {f: _python(row.get(f)) for f in RULE_FIELDS}
+            version = int(row["commit_version"])
+            err = book.apply(str(row["change_type"]), body, version)
+            if err is not None and report_errors:
+                errors.append({
+                    "kind": "rule_error", "rule_id": err.rule_id, "rule_version": version,
+                    "detail": str(err), "aggregator": err.field,
+                })  # fmt: skip
+        text = book.to_json()
+        self.rules.update((text,))
+        self._book_cache = (text, book)
+        return errors
+
+    def _load(self, key: str) -> bytes | None:
+        value = self.history.getValue((key,))
+        return value[0] if value else None
+
+    def _index_expiry(self, expiry_ms: dict[str, int]) -> None:
+        buckets: dict[int, set[str]] = {}
+        for key, at in expiry_ms.items():
+            # Round up so the key is surely useless when the timer fires; few timers per shard.
+            bucket = -(-at // self.granularity) * self.granularity
+            buckets.setdefault(bucket, set()).add(key)
+        for bucket, keys in buckets.items():
+            existing = self.expiry.getValue((bucket,))
+            if existing:
+                keys |= set(existing[0].split("\n"))
+            self.expiry.updateValue((bucket,), ("\n".join(sorted(keys)),))
+            self.handle.registerTimer(bucket)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        batch = pd.concat(list(rows), ignore_index=True)
+        out: list[dict] = []
+        is_rule = batch["change_type"].notna()
+        if is_rule.any():
+            out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
+        events = batch[~is_rule]
+        if not events.empty:
+            result = evaluate_batch(events, self._book(), self._load, timerValues.getCurrentWatermarkInMs())
+            for state_key, blob in result.writes.items():
+                if blob is None:
+                    self.history.removeKey((state_key,))
+                else:
+                    self.history.updateValue((state_key,), (blob,))
+            self._index_expiry(result.expiry_ms)
+            out.extend(result.rows)
+        if out:
+            yield _frame(out)
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        at = expiredTimerInfo.getExpiryTimeInMs()
+        entry = self.expiry.getValue((at,))
+        self.expiry.removeKey((at,))
+        watermark = timerValues.getCurrentWatermarkInMs()
+        book = self._book()
+        still_alive: dict[str, int] = {}
+        for state_key in entry[0].split("\n") if entry else []:
+            blob = self._load(state_key)
+            if blob is None:
+                continue
+            cols, memory = decode_history(blob)
+            keyset = state_key.split(KEY_SEPARATOR, 1)[0]
+            span = max(book.retention_ms(keyset), book.memory_ms(keyset))
+            last = int(cols["eventTime"].max()) if len(cols["eventTime"]) else -(2**62)
+            last = max([last, *(m["last_alert"] or last for m in memory.values())])
+            if last + span < watermark:
+                self.history.removeKey((state_key,))
+            else:
+                # Touched again, or a wider rule arrived since it was indexed.
+                still_alive[state_key] = last + span
+        self._index_expiry(still_alive)
+        yield from ()
+
+    def close(self) -> None:
+        pass

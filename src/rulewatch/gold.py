@@ -1,0 +1,167 @@
+"""Gold: silver events + the rules change feed -> stateful evaluator -> alerts, metrics, late events.
+
+Flow: silver stream -> watermark -> fan out per keyset (keying.py) -> union with every rule change
+broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator.py) ->
+one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch import schema
+from rulewatch.engine import MONEY_SCALE, OUTPUT_SCHEMA
+from rulewatch.evaluator import RuleProcessor
+from rulewatch.keying import fan_out, keysets
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.rules import parse_duration
+from rulewatch.rules_table import ensure_rules_table
+from rulewatch.sinks import append_once, batch_column, ensure_table
+
+
+@dataclass(frozen=True)
+class GoldSettings:
+    shards: int = 16
+    allowed_lateness: str = "1h"
+    cleanup_granularity: str = "1m"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= 4096:
+            raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
+        parse_duration(self.allowed_lateness)
+        parse_duration(self.cleanup_granularity)
+
+
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    lateness_ms = parse_duration(settings.allowed_lateness)
+    silver = spark.readStream.format("delta").load(lakehouse.silver_transactions)
+    # The watermark column is projected away before the stateful operator: Spark would otherwise
+    # drop rows behind the watermark silently, and late events must be recorded with a reason.
+    watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    fanned = fan_out(watermarked, keysets(spark.read.format("delta").load(lakehouse.rules)), settings.shards)
+    amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
+    return fanned.select(
+        "shard",
+        "keyset",
+        "group_key",
+        F.unix_millis("event_time").alias("eventTime"),
+        *[F.col(c).alias(f) for f, c in schema.FIELD_COLUMNS.items() if f != "paymentAmount"],
+        F.coalesce(amount_units, F.lit(0)).alias("paymentAmount"),
+        F.col("payment_amount").isNull().alias("paymentAmount_null"),
+    )
+
+
+def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    changes = (
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(lakehouse.rules)
+        .where(F.col("_change_type") != "update_preimage")
+        # Underscore-led names do not survive the trip to pandas; rename them.
+        .select(
+            *schema.RULE_FIELDS,
+            F.col("_change_type").alias("change_type"),
+            F.col("_commit_version").alias("commit_version"),
+        )
+    )
+    # Every shard needs every rule: broadcast each change by fanning it out to all shards.
+    return changes.crossJoin(spark.range(settings.shards).withColumnRenamed("id", "shard"))
+
+
+def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
+    stream = _events(spark, lakehouse, settings).unionByName(
+        _rule_changes(spark, lakehouse, settings), allowMissingColumns=True
+    )
+    processor = RuleProcessor(cleanup_granularity_ms=parse_duration(settings.cleanup_granularity))
+    return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
+
+
+def _ts(col: str) -> F.Column:
+    return F.timestamp_millis(F.col(col))
+
+
+def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+    """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
+    out = out.persist()
+    try:
+        batch = batch_column("gold_batch_id", batch_id)
+        alerts = out.where("kind = 'alert'").select(
+            F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
+            "rule_id",
+            "rule_version",
+            "group_key",
+            "transaction_id",
+            _ts("event_ms").alias("event_time"),
+            "aggregator",
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            "event_count",
+            "distinct_values",
+            F.current_timestamp().alias("decision_time"),
+            batch,
+        )
+        metrics = out.where("kind = 'metric'").select(
+            "rule_id",
+            "rule_version",
+            "group_key",
+            _ts("event_ms").alias("event_time"),
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("max_aggregate").cast(schema.AGGREGATE).alias("max_aggregate"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            "event_count",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            batch,
+        )
+        late = out.where("kind = 'late'").select(
+            "transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason"), batch
+        )
+        errors = out.where("kind = 'rule_error'").select(
+            "rule_id",
+            F.col("rule_version").alias("commit_version"),
+            F.col("aggregator").alias("field"),
+            F.col("detail").alias("reason"),
+            batch,
+        )
+        append_once(alerts, lakehouse.alerts, "rulewatch.gold.alerts", batch_id)
+        append_once(metrics, lakehouse.window_metrics, "rulewatch.gold.window_metrics", batch_id)
+        append_once(late, lakehouse.late_events, "rulewatch.gold.late_events", batch_id)
+        append_once(errors, lakehouse.rule_errors, "rulewatch.gold.rule_errors", batch_id)
+    finally:
+        out.unpersist()
+
+
+def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    ensure_rules_table(spark, lakehouse)
+    ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
+    ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
+    ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
+    ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
+
+
+def start_gold(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    settings: GoldSettings = GoldSettings(),
+    available_now: bool = True,
+    processing_time: str | None = None,
+) -> StreamingQuery:
+    ensure_gold_tables(spark, lakehouse)
+    writer = (
+        evaluated(spark, lakehouse, settings)
+        .writeStream.queryName("rulewatch_gold")
+        .option("checkpointLocation", lakehouse.checkpoint("gold"))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
+    return writer.start()

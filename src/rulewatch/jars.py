@@ -1,0 +1,77 @@
+"""Delta Lake jars for the local SparkSession, fetched once and reused offline.
+
+Spark can resolve ``--packages`` itself at every start, but that needs the network each time and
+pulls in copies of jars pyspark already ships (jackson, hadoop, parquet). We resolve once with
+Spark's own Ivy resolver, keep only the jars pyspark lacks, and point ``spark.jars`` at them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyspark
+
+DELTA_VERSION = "4.4.0"
+SPARK_MINOR = ".".join(pyspark.__version__.split(".")[:2])
+DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_MINOR}_2.13:{DELTA_VERSION}"
+
+_VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?\.jar$")
+
+
+def jars_dir() -> Path:
+    """Where the resolved jars live: ``$RULEWATCH_HOME/jars/<package>`` (default ``~/.cache/rulewatch``)."""
+    home = Path(os.environ.get("RULEWATCH_HOME", Path.home() / ".cache" / "rulewatch"))
+    return home / "jars" / DELTA_PACKAGE.replace(":", "_")
+
+
+def delta_jars() -> list[Path]:
+    """The jar paths for ``spark.jars``; empty when they have not been fetched yet."""
+    directory = jars_dir()
+    if not (directory / "COMPLETE").exists():
+        return []
+    return sorted(directory.glob("*.jar"))
+
+
+def _artifact(jar_name: str) -> str:
+    # Ivy names jars "<org>_<artifact>-<version>.jar"; pyspark ships "<artifact>-<version>.jar".
+    return _VERSION_SUFFIX.sub("", jar_name.split("_", 1)[-1])
+
+
+def fetch_delta_jars(quiet: bool = False) -> list[Path]:
+    """Resolve the Delta package from Maven Central (once) and keep the jars pyspark lacks."""
+    if jars := delta_jars():
+        return jars
+    target = jars_dir()
+    shipped = {_VERSION_SUFFIX.sub("", p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    with tempfile.TemporaryDirectory(prefix="rulewatch-ivy-") as ivy:
+        if not quiet:
+            print(f"rulewatch: fetching {DELTA_PACKAGE} from Maven Central (once) ...", file=sys.stderr)
+        probe = (
+            "from pyspark.sql import SparkSession;"
+            f"SparkSession.builder.master('local[1]').config('spark.jars.packages','{DELTA_PACKAGE}')"
+            f".config('spark.jars.ivy',{ivy!r}).config('spark.ui.enabled','false').getOrCreate().stop()"
+        )
+        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        resolved = sorted(Path(ivy, "jars").glob("*.jar"))
+        if result.returncode != 0 or not resolved:
+            raise RuntimeError(
+                f"could not resolve {DELTA_PACKAGE} from Maven Central; is the network reachable?\n"
+                + result.stderr[-2000:]
+            )
+        target.mkdir(parents=True, exist_ok=True)
+        for jar in resolved:
+            if _artifact(jar.name) not in shipped:
+                shutil.copy2(jar, target / jar.name)
+    (target / "COMPLETE").write_text(DELTA_PACKAGE + "\n")
+    return delta_jars()
+
+
+if __name__ == "__main__":
+    for path in fetch_delta_jars():
+        print(path)

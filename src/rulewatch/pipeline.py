@@ -1,0 +1,127 @@
+"""Run the whole job once: bronze -> silver -> gold over everything landed, then summarise.
+
+The CLI, the notebooks and the bundle job all go through these functions, so a local run
+exercises exactly what production runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch.bronze import start_bronze
+from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.rules_table import RuleChange, apply_rules_file
+from rulewatch.schema import BRONZE
+from rulewatch.silver import start_silver
+from rulewatch.sinks import ensure_table
+
+Log = Callable[[str], None]
+
+
+def _run(query: StreamingQuery, name: str, log: Log) -> None:
+    started = time.monotonic()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"{name} query failed: {query.exception()}")
+    log(f"{name}: done in {time.monotonic() - started:.1f}s")
+
+
+def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> None:
+    ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    _run(start_bronze(spark, landing, lakehouse), "bronze", log)
+
+
+def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print) -> None:
+    _run(start_silver(spark, lakehouse), "silver", log)
+
+
+def run_gold(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings = GoldSettings(), log: Log = print) -> None:
+    _run(start_gold(spark, lakehouse, settings), "gold", log)
+
+
+@dataclass
+class Summary:
+    bronze: int
+    silver: int
+    quarantined: int
+    duplicates: int
+    alerts: int
+    late: int
+    alerts_per_rule: dict[int, int] = field(default_factory=dict)
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def balanced(self) -> bool:
+        return self.bronze == self.silver + self.quarantined + self.duplicates
+
+    def lines(self) -> list[str]:
+        check = "ok" if self.balanced else "MISMATCH"
+        out = [
+            f"bronze rows      {self.bronze}",
+            f"silver rows      {self.silver}",
+            f"quarantined      {self.quarantined}",
+            f"duplicates       {self.duplicates}",
+            f"  bronze = silver + quarantined + duplicates: {check}",
+            f"late events      {self.late}",
+            f"alerts           {self.alerts}",
+        ]
+        out += [f"  rule {rule_id}: {n} alert(s)" for rule_id, n in sorted(self.alerts_per_rule.items())]
+        if self.quarantine_reasons:
+            out.append("quarantine reasons:")
+            out += [f"  {n} x {reason}" for reason, n in sorted(self.quarantine_reasons.items())]
+        return out
+
+
+def summarize(spark: SparkSession, lakehouse: Lakehouse) -> Summary:
+    def read(path: str):
+        return spark.read.format("delta").load(path)
+
+    alerts = read(lakehouse.alerts)
+    quarantine = read(lakehouse.silver_quarantine)
+    return Summary(
+        bronze=read(lakehouse.bronze_transactions).count(),
+        silver=read(lakehouse.silver_transactions).count(),
+        quarantined=quarantine.count(),
+        duplicates=read(lakehouse.silver_duplicates).count(),
+        alerts=alerts.count(),
+        late=read(lakehouse.late_events).count(),
+        alerts_per_rule={r["rule_id"]: r["count"] for r in alerts.groupBy("rule_id").count().collect()},
+        quarantine_reasons={r["reason"]: r["count"] for r in quarantine.groupBy("reason").count().collect()},
+    )
+
+
+def run_all(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    landing: str,
+    rules_file: str | None = None,
+    settings: GoldSettings = GoldSettings(),
+    log: Log = print,
+) -> tuple[list[RuleChange], Summary]:
+    """Apply the rules file (if any), process everything landed once, and summarise the lakehouse."""
+    changes: list[RuleChange] = []
+    if rules_file:
+        changes = apply_rules_file(spark, lakehouse, rules_file)
+        for change in changes:
+            log(f"rules: {change}")
+    run_bronze(spark, lakehouse, landing, log)
+    run_silver(spark, lakehouse, log)
+    run_gold(spark, lakehouse, settings, log)
+    return changes, summarize(spark, lakehouse)
+
+
+def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):
+    return (
+        spark.read.format("delta")
+        .load(lakehouse.alerts)
+        .orderBy(F.col("event_time"), F.col("rule_id"))
+        .select("rule_id", "group_key", "transaction_id", "event_time", "aggregate_value", "operator", "limit", "event_count")
+        .limit(limit)
+    )

@@ -1,0 +1,140 @@
+"""Table schemas and the mapping between rule field names (reference JSON) and silver columns."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType, BooleanType, DecimalType, IntegerType, LongType, MapType, StringType, StructField, StructType,
+    TimestampType,
+)  # fmt: skip
+
+MONEY = DecimalType(18, 2)
+AGGREGATE = DecimalType(38, 6)
+
+# Rule field name -> silver column. Rules speak the reference's camelCase; tables speak snake_case.
+FIELD_COLUMNS: dict[str, str] = {
+    "transactionId": "transaction_id",
+    "payeeId": "payee_id",
+    "beneficiaryId": "beneficiary_id",
+    "paymentAmount": "payment_amount",
+    "paymentType": "payment_type",
+    "userId": "user_id",
+    "ip": "ip",
+    "action": "action",
+}
+
+# What silver parses from each JSON line; every field is read as text first so a wrong type becomes
+# a quarantine reason instead of a silent null.
+RAW_FIELDS = ["transactionId", "eventTime", *[f for f in FIELD_COLUMNS if f != "transactionId"]]
+RAW_SCHEMA = StructType(
+    [StructField(name, StringType()) for name in RAW_FIELDS] + [StructField("_corrupt_record", StringType())]
+)
+
+BRONZE = StructType([
+    StructField("value", StringType()),
+    StructField("source_file", StringType()),
+    StructField("ingest_time", TimestampType()),
+    StructField("ingest_seq", LongType()),
+])  # fmt: skip
+
+SILVER = StructType([
+    StructField("transaction_id", StringType(), False),
+    StructField("event_time", TimestampType(), False),
+    StructField("payee_id", StringType()),
+    StructField("beneficiary_id", StringType()),
+    StructField("payment_amount", MONEY),
+    StructField("payment_type", StringType()),
+    StructField("user_id", StringType()),
+    StructField("ip", StringType()),
+    StructField("action", StringType()),
+    StructField("source_file", StringType()),
+    StructField("ingest_time", TimestampType()),
+    StructField("silver_batch_id", LongType()),
+])  # fmt: skip
+
+QUARANTINE = StructType([
+    StructField("value", StringType()),
+    StructField("reason", StringType(), False),
+    StructField("source_file", StringType()),
+    StructField("ingest_time", TimestampType()),
+    StructField("silver_batch_id", LongType()),
+])  # fmt: skip
+
+DUPLICATES = StructType([
+    StructField("transaction_id", StringType(), False),
+    StructField("value", StringType()),
+    StructField("source_file", StringType()),
+    StructField("ingest_time", TimestampType()),
+    StructField("silver_batch_id", LongType()),
+])  # fmt: skip
+
+# config/rules: one row per rule, columns named exactly like the reference JSON fields so analysts'
+# SQL reads like the rule files (UPDATE ... SET limit = 500 WHERE ruleId = 1).
+RULES = StructType([
+    StructField("ruleId", IntegerType(), False),
+    StructField("ruleState", StringType()),
+    StructField("groupingKeyNames", ArrayType(StringType())),
+    StructField("aggregateFieldName", StringType()),
+    StructField("aggregatorFunctionType", StringType()),
+    StructField("limitOperatorType", StringType()),
+    StructField("limit", DecimalType(38, 10)),
+    StructField("window", StringType()),
+    StructField("filter", MapType(StringType(), StringType())),
+    StructField("cooldown", StringType()),
+    StructField("reportNewValuesOnly", BooleanType()),
+    StructField("bucket", StringType()),
+    StructField("description", StringType()),
+    StructField("updated_at", TimestampType()),
+    StructField("updated_by", StringType()),
+])  # fmt: skip
+RULE_FIELDS = [f.name for f in RULES.fields if f.name not in ("updated_at", "updated_by")]
+
+ALERTS = StructType([
+    StructField("alert_id", StringType(), False),
+    StructField("rule_id", IntegerType(), False),
+    StructField("rule_version", LongType()),
+    StructField("group_key", StringType()),
+    StructField("transaction_id", StringType()),
+    StructField("event_time", TimestampType()),
+    StructField("aggregator", StringType()),
+    StructField("aggregate_value", AGGREGATE),
+    StructField("limit", DecimalType(38, 10)),
+    StructField("operator", StringType()),
+    StructField("window_start", TimestampType()),
+    StructField("window_end", TimestampType()),
+    StructField("event_count", LongType()),
+    StructField("distinct_values", ArrayType(StringType())),
+    StructField("decision_time", TimestampType()),
+    StructField("gold_batch_id", LongType()),
+])  # fmt: skip
+
+WINDOW_METRICS = StructType([
+    StructField("rule_id", IntegerType(), False),
+    StructField("rule_version", LongType()),
+    StructField("group_key", StringType()),
+    StructField("event_time", TimestampType()),
+    StructField("aggregate_value", AGGREGATE),
+    StructField("max_aggregate", AGGREGATE),
+    StructField("limit", DecimalType(38, 10)),
+    StructField("operator", StringType()),
+    StructField("event_count", LongType()),
+    StructField("window_start", TimestampType()),
+    StructField("window_end", TimestampType()),
+    StructField("gold_batch_id", LongType()),
+])  # fmt: skip
+
+LATE_EVENTS = StructType([
+    StructField("transaction_id", StringType()),
+    StructField("keyset", StringType()),
+    StructField("group_key", StringType()),
+    StructField("event_time", TimestampType()),
+    StructField("reason", StringType()),
+    StructField("gold_batch_id", LongType()),
+])  # fmt: skip
+
+RULE_ERRORS = StructType([
+    StructField("rule_id", IntegerType()),
+    StructField("commit_version", LongType()),
+    StructField("field", StringType()),
+    StructField("reason", StringType()),
+    StructField("gold_batch_id", LongType()),
+])  # fmt: skip

@@ -1,0 +1,59 @@
+"""The one place that builds (or finds) the SparkSession every layer runs on."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from rulewatch.jars import fetch_delta_jars
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+# Sane defaults for a 2-core laptop; each can be overridden with an env var of the same meaning.
+LOCAL_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # transformWithState* only runs on the RocksDB state store.
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.shuffle.partitions": os.environ.get("RULEWATCH_SHUFFLE_PARTITIONS", "4"),
+    "spark.default.parallelism": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": os.environ.get("RULEWATCH_DRIVER_MEMORY", "4g"),
+    "spark.sql.adaptive.enabled": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Local runs need no Derby metastore: every table is addressed by path.
+    "spark.sql.catalogImplementation": "in-memory",
+}
+
+
+def is_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def get_spark(app_name: str = "rulewatch") -> SparkSession:
+    """Return the active session (Databricks, Connect, tests) or build the local one.
+
+    Locally: ``local[2]`` (``RULEWATCH_MASTER`` overrides) with Delta, RocksDB state and quiet logs.
+    The Python workers must import pandas/pyarrow from this same environment, hence PYSPARK_PYTHON.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if is_databricks():
+        return SparkSession.builder.getOrCreate()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]")).appName(app_name)
+    for key, value in LOCAL_CONF.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_delta_jars()))
+    log_config = Path(__file__).with_name("log4j2.properties")
+    builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
+    return builder.getOrCreate()
