@@ -15,11 +15,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.bronze import start_bronze
-from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules_table import RuleChange, apply_rules_file
 from rulewatch.schema import BRONZE
-from rulewatch.silver import start_silver
+from rulewatch.silver import ensure_silver_tables, start_silver
 from rulewatch.sinks import ensure_table
 
 Log = Callable[[str], None]
@@ -31,6 +31,13 @@ def _run(query: StreamingQuery, name: str, log: Log) -> None:
     if query.exception() is not None:
         raise RuntimeError(f"{name} query failed: {query.exception()}")
     log(f"{name}: done in {time.monotonic() - started:.1f}s")
+
+
+def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Every table the job reads or writes, so each stream can start on an empty lakehouse."""
+    ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    ensure_silver_tables(spark, lakehouse)
+    ensure_gold_tables(spark, lakehouse)
 
 
 def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> None:

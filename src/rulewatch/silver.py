@@ -86,14 +86,14 @@ def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None
         first = Window.partitionBy("transaction_id").orderBy("ingest_time", "source_file", "ingest_seq")
         good = rows.where(F.size("reasons") == 0).withColumn("_rank", F.row_number().over(first))
         # Earlier batches only: a replay of this batch must classify its rows exactly as before.
+        # (Built from the silver table alone; joining back a frame derived from ``good`` is a
+        # self-join Spark may resolve ambiguously.)
         seen = (
             spark.read.format("delta")
             .load(lakehouse.silver_transactions)
             .where(F.col("silver_batch_id") < batch_id)
-            .select("transaction_id")
-            .join(good.select("transaction_id"), "transaction_id", "left_semi")
-            .distinct()
-            .withColumn("_seen", F.lit(True))
+            .select("transaction_id", F.lit(True).alias("_seen"))
+            .dropDuplicates(["transaction_id"])
         )
         good = good.join(seen, "transaction_id", "left").withColumn(
             "_duplicate", (F.col("_rank") > 1) | F.col("_seen").isNotNull()

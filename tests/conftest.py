@@ -1,0 +1,49 @@
+"""Shared fixtures: one local SparkSession and one pipeline run over the fixtures per test session."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from rulewatch.session import get_spark
+
+    return get_spark("rulewatch-tests")
+
+
+@dataclass
+class PipelineRun:
+    lakehouse: "object"
+    landing: Path
+    summary: "object"
+
+
+def run_fixture_pipeline(spark, root: Path) -> PipelineRun:
+    from rulewatch.lakehouse import Lakehouse
+    from rulewatch.pipeline import run_all
+
+    landing = root / "landing"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    lakehouse = Lakehouse(str(root / "lakehouse"))
+    _, summary = run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), log=lambda _: None)
+    return PipelineRun(lakehouse, landing, summary)
+
+
+@pytest.fixture(scope="session")
+def fixture_run(spark, tmp_path_factory) -> PipelineRun:
+    """The fixtures through bronze -> silver -> gold once; tests must not modify it."""
+    return run_fixture_pipeline(spark, tmp_path_factory.mktemp("fixture-run"))
+
+
+@pytest.fixture(scope="session")
+def expected_alerts() -> list[dict]:
+    return json.loads((FIXTURES / "expected_alerts.json").read_text())

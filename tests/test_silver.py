@@ -1,0 +1,69 @@
+"""Silver validation: every kind of bad line gets a precise reason; good lines are typed exactly."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+
+from rulewatch.schema import BRONZE
+from rulewatch.silver import parse
+
+GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
+        "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip
+
+
+def _parse(spark, lines: list[str]):
+    bronze = spark.createDataFrame([(line, "f.jsonl", None, i) for i, line in enumerate(lines)], BRONZE)
+    return sorted(parse(bronze).collect(), key=lambda r: r.ingest_seq)
+
+
+def _line(**changes) -> str:
+    record = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in record.items() if v is not ...})
+
+
+@pytest.mark.parametrize(
+    ("line", "reasons"),
+    [
+        ("{not json", ["malformed JSON (not a JSON object on one line)"]),
+        ("[1, 2]", ["malformed JSON (not a JSON object on one line)"]),
+        ("   ", ["blank line"]),
+        (_line(transactionId=...), ["missing transactionId"]),
+        (_line(transactionId="  "), ["missing transactionId"]),
+        (_line(eventTime=...), ["missing eventTime"]),
+        (_line(eventTime="tomorrow"), ["unparsable eventTime 'tomorrow' (expected epoch ms or ISO-8601)"]),
+        (_line(paymentAmount="abc"), ["paymentAmount is not a number: 'abc'"]),
+        (_line(paymentAmount=-1), ["negative paymentAmount -1"]),
+        (_line(paymentAmount=10**13), ["paymentAmount above 1,000,000,000,000: 10000000000000"]),
+        (_line(paymentAmount="1.005"), ["paymentAmount has more than 2 decimal places: 1.005"]),
+        (
+            _line(transactionId=..., eventTime="x", paymentAmount=True),
+            ["missing transactionId", "unparsable eventTime 'x' (expected epoch ms or ISO-8601)",
+             "paymentAmount is not a number: 'true'"],
+        ),
+    ],
+)  # fmt: skip
+def test_bad_lines_get_every_reason(spark, line, reasons):
+    (row,) = _parse(spark, [line])
+    assert row.reasons == reasons
+
+
+def test_good_lines_are_typed_exactly(spark):
+    rows = _parse(spark, [
+        _line(),
+        _line(transactionId="t2", eventTime="2026-11-01T10:00:05Z", paymentAmount="0.10"),
+        _line(transactionId="t3", eventTime="1793527200000", paymentAmount=...),
+        json.dumps({"transactionId": "l1", "eventTime": "2026-11-01T10:00:05+01:00", "userId": "u", "ip": "1.2.3.4",
+                    "action": "login"}),
+    ])  # fmt: skip
+    assert [r.reasons for r in rows] == [[], [], [], []]
+    assert rows[0].payment_amount == Decimal("12.50")
+    assert rows[0].event_time == datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc).replace(tzinfo=None)
+    assert rows[1].payment_amount == Decimal("0.10")
+    assert rows[1].event_time == datetime(2026, 11, 1, 10, 0, 5)
+    assert rows[2].payment_amount is None and rows[2].event_time == rows[0].event_time
+    assert rows[3].event_time == datetime(2026, 11, 1, 9, 0, 5)
+    assert (rows[3].user_id, rows[3].ip, rows[3].action) == ("u", "1.2.3.4", "login")
