@@ -36,6 +36,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary.balanced else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from rulewatch.bench import bench
+    from rulewatch.session import get_spark
+
+    spark = get_spark("rulewatch-bench")
+    print(f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, {args.shards} shards")
+    results = bench(spark, args.events, args.keys, args.batch_events, args.shards)
+    floor = results[0].rate
+    for m in results:
+        print(
+            f"  {m.name:<24} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor:4.2f}"
+            f"  state rows updated {m.state_rows_updated:,}  state memory {m.state_bytes:,} B"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shards", type=int, default=16, help="hash shards of the key evaluated per Python call")
     run.add_argument("--allowed-lateness", default="1h", help="events older than the watermark by more are recorded, not evaluated")
     run.set_defaults(func=_cmd_run)
+    bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
+    bench.add_argument("--events", type=int, default=200_000)
+    bench.add_argument("--keys", type=int, default=10_000)
+    bench.add_argument("--batch-events", type=int, default=50_000)
+    bench.add_argument("--shards", type=int, default=16)
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rulewatch.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
-from rulewatch.windows import aggregate, compare, to_decimal, window_lo, window_start
+from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, to_decimal, window_lo, window_start
 
 MONEY_SCALE = 2
 KEY_SEPARATOR = "\x1f"
@@ -209,14 +209,19 @@ def evaluate_batch(
         retention = book.retention_ms(keyset)
         sl = slice(bounds[g], bounds[g + 1])
         times = cols["eventTime"][sl]
-        keep = np.ones(len(times), bool) if watermark_ms <= 0 else times >= watermark_ms - retention
-        memory = _prune_memory(memories[g], watermark_ms - book.memory_ms(keyset)) if watermark_ms > 0 else memories[g]
+        keep = np.ones(len(times), bool) if watermark_ms <= 0 else times >= _horizon(watermark_ms, retention)
+        memory = _prune_memory(memories[g], _horizon(watermark_ms, book.memory_ms(keyset))) if watermark_ms > 0 else memories[g]
         if not keep.any() and not memory:
             writes[key] = None
             continue
         writes[key] = encode_history({name: col[sl][keep] for name, col in cols.items()}, memory)
-        expiry[key] = int(times.max()) + max(retention, book.memory_ms(keyset))
+        expiry[key] = min(int(times.max()) + max(retention, book.memory_ms(keyset)), MAX_SPAN_MS)
     return BatchResult(rows, writes, expiry)
+
+
+def _horizon(watermark_ms: int, span_ms: int) -> int:
+    """Oldest event time still needed; saturated so a huge window cannot overflow int64."""
+    return max(watermark_ms - span_ms, -MAX_SPAN_MS)
 
 
 def _prune_memory(memory: dict, horizon: int) -> dict:
@@ -232,10 +237,25 @@ def _prune_memory(memory: dict, horizon: int) -> dict:
 def _rule_values(rule: Rule, cols: Mapping[str, np.ndarray], sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """The aggregated field as (values, non-null mask, decimal scale) restricted to ``sel``."""
     name = rule.aggregate_field
-    if name in NUMERIC_FIELDS:
+    if name in NUMERIC_FIELDS and rule.aggregator is not Aggregator.UNIQUE_COUNT:
         return cols[name][sel], ~cols[f"{name}_null"][sel], MONEY_SCALE
+    if name in NUMERIC_FIELDS:
+        # Distinct money values are counted and reported as decimal text ("12.50"), like strings.
+        text = _field_text(cols, name)[sel]
+        return text, np.array([v is not None for v in text], dtype=bool), 0
     values = cols[name][sel]
     return values, np.array([v is not None for v in values], dtype=bool), 0
+
+
+def _field_text(cols: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    """A field as text (money as its decimal string), None where null: what filters compare."""
+    if name not in NUMERIC_FIELDS:
+        return cols[name]
+    units, null = cols[name], cols[f"{name}_null"]
+    return np.array(
+        [None if n else str(Decimal(int(u)).scaleb(-MONEY_SCALE)) for u, n in zip(units.tolist(), null.tolist())],
+        dtype=object,
+    )
 
 
 def _evaluate_rule(
@@ -250,7 +270,7 @@ def _evaluate_rule(
 ) -> Iterable[dict]:
     sel = in_keyset.copy()
     for name, wanted in rule.filter:
-        sel &= cols[name] == wanted
+        sel &= _field_text(cols, name) == wanted
     idx = np.flatnonzero(sel)
     if len(idx) == 0 or not is_new[idx].any():
         return []

@@ -24,6 +24,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch
 from rulewatch.schema import RULE_FIELDS
+from rulewatch.windows import MAX_SPAN_MS
 
 _KEY = StructType([StructField("key", StringType())])
 _BLOB = StructType([StructField("blob", BinaryType())])
@@ -98,7 +99,7 @@ class RuleProcessor(StatefulProcessor):
         buckets: dict[int, set[str]] = {}
         for key, at in expiry_ms.items():
             # Round up so the key is surely useless when the timer fires; few timers per shard.
-            bucket = -(-at // self.granularity) * self.granularity
+            bucket = min(-(-at // self.granularity) * self.granularity, MAX_SPAN_MS)
             buckets.setdefault(bucket, set()).add(key)
         for bucket, keys in buckets.items():
             existing = self.expiry.getValue((bucket,))

@@ -28,6 +28,7 @@ class GoldSettings:
     shards: int = 16
     allowed_lateness: str = "1h"
     cleanup_granularity: str = "1m"
+    max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= 4096:
@@ -38,7 +39,10 @@ class GoldSettings:
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
     lateness_ms = parse_duration(settings.allowed_lateness)
-    silver = spark.readStream.format("delta").load(lakehouse.silver_transactions)
+    reader = spark.readStream.format("delta")
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    silver = reader.load(lakehouse.silver_transactions)
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")

@@ -23,11 +23,13 @@ from rulewatch.rules import Aggregator, Operator
 
 INT64_MAX = np.iinfo(np.int64).max
 INT64_MIN = np.iinfo(np.int64).min
+MAX_SPAN_MS = 2**62
 
 
 def window_start(time: np.ndarray, window_ms: int, bucket_ms: int = 0) -> np.ndarray:
     """Inclusive start of each event's window; bucketed windows start on a bucket boundary."""
-    start = time - window_ms
+    # Rules may ask for windows up to the largest duration we parse; saturate instead of wrapping.
+    start = time - min(window_ms, MAX_SPAN_MS)
     if bucket_ms:
         start = (start // bucket_ms) * bucket_ms
     return start

@@ -1,0 +1,109 @@
+"""``rulewatch bench``: the evaluator against a stateless grouped pass-through on the same input.
+
+Both queries read the same silver Delta table with the same keying and shard grouping, in
+micro-batches of ``--batch-events``; the pass-through only hands each shard's rows to Python and
+back, which is the floor any Python evaluator sits on. The ratio says how much the window math and
+state cost on top of that floor.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rulewatch import schema
+from rulewatch.gold import GoldSettings, _events, evaluated, ensure_gold_tables
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.rules import parse_rules
+from rulewatch.rules_table import apply_rules
+from rulewatch.silver import ensure_silver_tables
+
+BENCH_RULES = [
+    {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
+     "aggregatorFunctionType": "SUM", "limitOperatorType": ">", "limit": 5000, "window": "1h"},
+]  # fmt: skip
+
+
+@dataclass
+class Measurement:
+    name: str
+    events: int
+    seconds: float
+    state_rows_updated: int = 0
+    state_bytes: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+def generate(spark: SparkSession, lakehouse: Lakehouse, events: int, keys: int, span_ms: int, files: int) -> None:
+    """Synthetic payments over ``span_ms``, spread over ``keys`` payees, as ``files`` silver commits."""
+    ensure_silver_tables(spark, lakehouse)
+    rng = np.random.default_rng(42)
+    start = 1_793_500_000_000
+    times = np.sort(rng.integers(start, start + span_ms, events))
+    for part in np.array_split(np.arange(events), files):
+        frame = pd.DataFrame({
+            "transaction_id": [f"t{i}" for i in part],
+            "event_time": pd.to_datetime(times[part], unit="ms"),
+            "payee_id": [f"p{k}" for k in rng.integers(0, keys, len(part))],
+            "payment_amount": [f"{a / 100:.2f}" for a in rng.integers(100, 500_000, len(part))],
+        })  # fmt: skip
+        df = spark.createDataFrame(frame).select(
+            "transaction_id",
+            F.col("event_time").cast("timestamp").alias("event_time"),
+            "payee_id",
+            F.col("payment_amount").cast(schema.MONEY).alias("payment_amount"),
+        )
+        for column in schema.SILVER.fieldNames():
+            if column not in df.columns:
+                df = df.withColumn(column, F.lit(None).cast(schema.SILVER[column].dataType))
+        df.select(*schema.SILVER.fieldNames()).coalesce(1).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+
+
+def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
+    started = time.monotonic()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    updated = memory = 0
+    for progress in query.recentProgress:
+        for op in progress.get("stateOperators", []):
+            updated += op.get("numRowsUpdated", 0)
+            memory = max(memory, op.get("memoryUsedBytes", 0))
+    return Measurement(name, events, seconds, updated, memory)
+
+
+def bench(spark: SparkSession, events: int, keys: int, batch_events: int, shards: int, workdir: str | None = None) -> list[Measurement]:
+    root = workdir or tempfile.mkdtemp(prefix="rulewatch-bench-")
+    shutil.rmtree(root, ignore_errors=True)
+    lakehouse = Lakehouse(root)
+    files = max(1, events // batch_events)
+    generate(spark, lakehouse, events, keys, span_ms=24 * 3600 * 1000, files=files)
+    apply_rules(spark, lakehouse, parse_rules(BENCH_RULES))
+    ensure_gold_tables(spark, lakehouse)
+    settings = GoldSettings(shards=shards, max_files_per_trigger=1)
+    passthrough = (
+        _events(spark, lakehouse, settings)
+        .groupBy("shard")
+        .applyInPandas(lambda frame: pd.DataFrame({"n": [len(frame)]}), "n long")
+    )
+    results = [
+        _run("stateless pass-through", passthrough, lakehouse.checkpoint("bench-passthrough"), events),
+        _run("evaluator", evaluated(spark, lakehouse, settings), lakehouse.checkpoint("bench-evaluator"), events),
+    ]
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return results
