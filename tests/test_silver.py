@@ -67,3 +67,4 @@ def test_good_lines_are_typed_exactly(spark):
     assert rows[2].payment_amount is None and rows[2].event_time == rows[0].event_time
     assert rows[3].event_time == datetime(2026, 11, 1, 9, 0, 5)
     assert (rows[3].user_id, rows[3].ip, rows[3].action) == ("u", "1.2.3.4", "login")
+

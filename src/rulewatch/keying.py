@@ -7,7 +7,7 @@ The key is built from column values looked up by name: rule text never becomes S
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from rulewatch.schema import FIELD_COLUMNS
@@ -23,6 +23,11 @@ def keysets(rules: DataFrame) -> DataFrame:
     )
 
 
+def _escape(part: Column) -> Column:
+    # "a|b","c" and "a","b|c" must not share a key: escape the separator (and the escape) in values.
+    return F.replace(F.replace(part, F.lit("\\"), F.lit("\\\\")), F.lit("|"), F.lit("\\|"))
+
+
 def fan_out(events: DataFrame, keyset_rows: DataFrame, shards: int) -> DataFrame:
     """One row per (event, keyset) whose grouping fields are all present, with its hash shard."""
     by_name = F.create_map(*[x for f, c in FIELD_COLUMNS.items() for x in (F.lit(f), F.col(c).cast("string"))])
@@ -31,7 +36,7 @@ def fan_out(events: DataFrame, keyset_rows: DataFrame, shards: int) -> DataFrame
     return (
         fanned.where(~F.exists("_parts", lambda p: p.isNull()))
         .withColumn("keyset", F.array_join("groupingKeyNames", ","))
-        .withColumn("group_key", F.array_join("_parts", "|"))
+        .withColumn("group_key", F.array_join(F.transform("_parts", _escape), "|"))
         .withColumn("shard", F.pmod(F.xxhash64("keyset", "group_key"), F.lit(shards)))
         .drop("_parts", "groupingKeyNames")
     )
