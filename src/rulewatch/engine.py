@@ -103,12 +103,31 @@ class RuleBook:
 # ---------------------------------------------------------------------------------------------- state
 
 
+_TEXT_COLUMNS = ("transactionId", *STRING_FIELDS)
+_ARRAY_COLUMNS = tuple((c, np.dtype(bool) if c.endswith("_null") else np.dtype(np.int64)) for c in HISTORY_COLUMNS if c not in _TEXT_COLUMNS)
+_FORMAT = "h1"
+
+
 def encode_history(columns: Mapping[str, np.ndarray], memory: dict) -> bytes:
-    return pickle.dumps(({name: columns[name] for name in HISTORY_COLUMNS}, memory), protocol=5)
+    """Raw array bytes plus one flat list of the text columns: ~20x faster than pickling the
+    object arrays, and this runs once per key touched per batch."""
+    texts: list = []
+    for name in _TEXT_COLUMNS:
+        texts.extend(columns[name].tolist())
+    arrays = [np.ascontiguousarray(columns[name], dtype=dtype).tobytes() for name, dtype in _ARRAY_COLUMNS]
+    return pickle.dumps((_FORMAT, len(columns["eventTime"]), arrays, texts, memory), protocol=5)
 
 
 def decode_history(blob: bytes) -> tuple[dict[str, np.ndarray], dict]:
-    return pickle.loads(blob)
+    fmt, n, arrays, texts, memory = pickle.loads(blob)
+    if fmt != _FORMAT:
+        raise ValueError(f"unknown history state format {fmt!r}; this state was written by another rulewatch version")
+    cols = {name: np.frombuffer(raw, dtype=dtype) for (name, dtype), raw in zip(_ARRAY_COLUMNS, arrays)}
+    for i, name in enumerate(_TEXT_COLUMNS):
+        column = np.empty(n, dtype=object)
+        column[:] = texts[i * n : (i + 1) * n]
+        cols[name] = column
+    return cols, memory
 
 
 @dataclass
@@ -203,19 +222,25 @@ def evaluate_batch(
 
     writes: dict[str, bytes | None] = {}
     expiry: dict[str, int] = {}
-    bounds = np.searchsorted(group, np.arange(len(uniq_keys) + 1))
+    bounds = np.searchsorted(group, np.arange(len(uniq_keys) + 1)).tolist()
+    spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
+    event_time = cols["eventTime"]
     for g, key in enumerate(uniq_keys):
-        keyset = key_keyset[g]
-        retention = book.retention_ms(keyset)
-        sl = slice(bounds[g], bounds[g + 1])
-        times = cols["eventTime"][sl]
-        keep = np.ones(len(times), bool) if watermark_ms <= 0 else times >= _horizon(watermark_ms, retention)
-        memory = _prune_memory(memories[g], _horizon(watermark_ms, book.memory_ms(keyset))) if watermark_ms > 0 else memories[g]
-        if not keep.any() and not memory:
-            writes[key] = None
-            continue
-        writes[key] = encode_history({name: col[sl][keep] for name, col in cols.items()}, memory)
-        expiry[key] = min(int(times.max()) + max(retention, book.memory_ms(keyset)), MAX_SPAN_MS)
+        retention, memory_span = spans[key_keyset[g]]
+        first, last = bounds[g], bounds[g + 1]
+        times = event_time[first:last]
+        memory = memories[g]
+        if watermark_ms > 0:
+            keep = times >= _horizon(watermark_ms, retention)
+            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span)) if memory else memory
+            if not keep.any() and not memory:
+                writes[key] = None
+                continue
+            history = {name: col[first:last][keep] for name, col in cols.items()}
+        else:
+            history = {name: col[first:last] for name, col in cols.items()}
+        writes[key] = encode_history(history, memory)
+        expiry[key] = min(int(times[-1]) + max(retention, memory_span), MAX_SPAN_MS)
     return BatchResult(rows, writes, expiry)
 
 
@@ -322,23 +347,35 @@ def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: n
     groups = g[pos]
     last_of_group = np.flatnonzero(np.r_[groups[1:] != groups[:-1], True])
     first_of_group = np.r_[0, last_of_group[:-1] + 1]
+    peaks = _group_peaks(rule.aggregator, agg, first_of_group, last_of_group)
+    starts = window_start(t[pos[last_of_group]], rule.window_ms, rule.bucket_ms).tolist()
     rows = []
-    for first, last in zip(first_of_group.tolist(), last_of_group.tolist()):
-        candidates = [j for j in range(first, last + 1) if agg.valid[j]]
-        peak = max(candidates, key=lambda j: _sortable(rule.aggregator, agg, j), default=None)
+    for last, peak, start in zip(last_of_group.tolist(), peaks, starts):
         now = int(t[pos[last]])
         rows.append({
             "kind": "metric", **common, "group_key": key_group[int(groups[last])], "event_ms": now,
             "transaction_id": None,
             "aggregate_value": str(to_decimal(rule.aggregator, agg, last, scale)) if agg.valid[last] else None,
-            "max_aggregate": str(to_decimal(rule.aggregator, agg, peak, scale)) if peak is not None else None,
-            "window_start_ms": int(window_start(np.array([now]), rule.window_ms, rule.bucket_ms)[0]),
-            "window_end_ms": now, "event_count": int(agg.count[last]),
+            "max_aggregate": str(to_decimal(rule.aggregator, agg, peak, scale)) if peak >= 0 else None,
+            "window_start_ms": start, "window_end_ms": now, "event_count": int(agg.count[last]),
         })  # fmt: skip
     return rows
 
 
-def _sortable(aggregator: Aggregator, agg, j: int) -> Decimal:
-    if aggregator is Aggregator.AVG:
-        return Decimal(int(agg.value[j])) / Decimal(int(agg.nonnull[j]))
-    return Decimal(int(agg.value[j]))
+def _group_peaks(aggregator: Aggregator, agg, first: np.ndarray, last: np.ndarray) -> list[int]:
+    """Index of each group's largest valid aggregate (-1 if none); vectorised except for AVG."""
+    if aggregator is not Aggregator.AVG:
+        masked = np.where(agg.valid, agg.value, np.iinfo(np.int64).min)
+        peak_values = np.maximum.reduceat(masked, first) if len(first) else masked[:0]
+        group_of = np.repeat(np.arange(len(first)), last - first + 1)
+        is_peak = (masked == peak_values[group_of]) & agg.valid
+        # Any position reaching the group's peak reports the same value.
+        hits = np.flatnonzero(is_peak)
+        peaks = np.full(len(first), -1, dtype=np.int64)
+        peaks[group_of[hits][::-1]] = hits[::-1]
+        return peaks.tolist()
+    out = []
+    for lo, hi in zip(first.tolist(), last.tolist()):
+        candidates = [j for j in range(lo, hi + 1) if agg.valid[j]]
+        out.append(max(candidates, key=lambda j: Decimal(int(agg.value[j])) / Decimal(int(agg.nonnull[j])), default=-1))
+    return out

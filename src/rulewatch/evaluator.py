@@ -95,11 +95,18 @@ class RuleProcessor(StatefulProcessor):
         value = self.history.getValue((key,))
         return value[0] if value else None
 
-    def _index_expiry(self, expiry_ms: dict[str, int]) -> None:
+    def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
+        # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
+        # number of index entries and timers per batch small; a key is purged at most that late.
+        steps: dict[str, int] = {}
         buckets: dict[int, set[str]] = {}
         for key, at in expiry_ms.items():
-            # Round up so the key is surely useless when the timer fires; few timers per shard.
-            bucket = min(-(-at // self.granularity) * self.granularity, MAX_SPAN_MS)
+            keyset = key.split(KEY_SEPARATOR, 1)[0]
+            if keyset not in steps:
+                eighth = book.retention_ms(keyset) // 8
+                steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
+            step = steps[keyset]
+            bucket = min(-(-at // step) * step, MAX_SPAN_MS)
             buckets.setdefault(bucket, set()).add(key)
         for bucket, keys in buckets.items():
             existing = self.expiry.getValue((bucket,))
@@ -116,13 +123,14 @@ class RuleProcessor(StatefulProcessor):
             out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
         events = batch[~is_rule]
         if not events.empty:
-            result = evaluate_batch(events, self._book(), self._load, timerValues.getCurrentWatermarkInMs())
+            book = self._book()
+            result = evaluate_batch(events, book, self._load, timerValues.getCurrentWatermarkInMs())
             for state_key, blob in result.writes.items():
                 if blob is None:
                     self.history.removeKey((state_key,))
                 else:
                     self.history.updateValue((state_key,), (blob,))
-            self._index_expiry(result.expiry_ms)
+            self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
         if out:
             yield _frame(out)
@@ -150,7 +158,7 @@ class RuleProcessor(StatefulProcessor):
             else:
                 # Touched again, or a wider rule arrived since it was indexed.
                 still_alive[state_key] = last + span
-        self._index_expiry(still_alive)
+        self._index_expiry(still_alive, book)
         yield from ()
 
     def close(self) -> None:
