@@ -49,6 +49,10 @@ class Lakehouse:
         return self.table("config", "rule_errors")
 
     @property
+    def rule_history(self) -> str:
+        return self.table("gold", "rule_history")
+
+    @property
     def alerts(self) -> str:
         return self.table("gold", "alerts")
 

@@ -1,24 +1,42 @@
 """The ``config/rules`` Delta table: one row per rule, change data feed on.
 
 Rules reach the running evaluator only through this table's change feed, so a rules file is
-applied by MERGE-ing it in; SQL edits by analysts take exactly the same path.
+applied by MERGE-ing it in; SQL edits by analysts take exactly the same path. The table has no
+constraint beyond a non-null ``ruleId``: a row that is valid SQL but not a valid rule can be
+written, and the evaluator quarantines it into ``config/rule_errors`` instead of running it.
+
+Also here: exporting the table back to a rules file, and ``gold/rule_history``, an audit trail
+of every change built from the change data feed.
 """
 
 from __future__ import annotations
 
 import getpass
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
-from pyspark.sql import SparkSession
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from rulewatch import schema
 from rulewatch.lakehouse import Lakehouse
-from rulewatch.rules import Rule, RuleState, format_duration, load_rules_file
-from rulewatch.sinks import ensure_table, table_ref
+from rulewatch.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
+from rulewatch.sinks import append_once, ensure_table, table_ref
+
+# Delta records this session setting in each commit's ``userMetadata``; apply_rules tags its MERGE
+# with it so the history can name who deleted a rule (a delete leaves no post-image to stamp).
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+HISTORY_SINK = "rulewatch.gold.rule_history"
+HISTORY_QUERY = "rulewatch_rule_history"
+_LIMIT_TYPE = schema.RULES["limit"].dataType  # decimal(38, 10)
 
 
 def rule_row(rule: Rule) -> dict[str, Any]:
@@ -60,28 +78,110 @@ class RuleChange:
         return f"rule {self.rule_id}: {self.action}{' (' + self.detail + ')' if self.detail else ''}"
 
 
-def _diff(old: dict[str, Any], new: dict[str, Any]) -> str:
-    changed = [k for k in new if k != "ruleId" and _norm(old.get(k)) != _norm(new.get(k))]
-    return ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+# ------------------------------------------------------------------------------- rows as rule JSON
 
 
-def _norm(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return value.normalize()
-    if isinstance(value, dict):
-        return sorted(value.items())
-    return value
+def _number_json(value: Decimal) -> int | float | str:
+    """A stored limit as a JSON number that parses back to an equal Decimal (``1000``, not ``1000.0000000000``)."""
+    with localcontext() as ctx:
+        ctx.prec = 100  # decimal(38, 10) has up to 38 digits; the default 28 would round
+        value = value.normalize()
+        if value == value.to_integral_value():
+            return int(value)
+    as_float = float(value)
+    if Decimal(repr(as_float)) == value:
+        return as_float
+    return format(value, "f")  # more digits than a float carries: a numeric string stays exact
+
+
+def row_to_rule_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``config/rules`` row as a reference JSON rule (null columns left out, limit as a number).
+
+    The row is converted, not validated: a row an analyst made invalid with SQL comes out as stored.
+    """
+    out: dict[str, Any] = {}
+    for name in schema.RULE_FIELDS:
+        value = row.get(name)
+        if value is None:
+            continue
+        if isinstance(value, Decimal):
+            value = _number_json(value)
+        elif isinstance(value, Mapping):
+            value = dict(sorted(value.items()))
+        elif isinstance(value, (list, tuple)):
+            value = list(value)
+        out[name] = value
+    return out
+
+
+def _stored_rule(stored: Mapping[str, Any]) -> Rule | None:
+    try:
+        return parse_rule(stored)
+    except RuleError:
+        return None
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.:+-]{1,60}")
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, str) and _PLAIN.fullmatch(value):
+        return value
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def field_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``"limit 1000 -> 1200, window 1h -> 2h"``: every rule field whose value differs."""
+    return ", ".join(
+        f"{name} {_show(old.get(name))} -> {_show(new.get(name))}"
+        for name in schema.RULE_FIELDS
+        if name != "ruleId" and old.get(name) != new.get(name)
+    )
+
+
+# ------------------------------------------------------------------------------------------ apply
+
+
+def _fits_limit_column(limit: Decimal) -> bool:
+    scale, whole_digits = _LIMIT_TYPE.scale, _LIMIT_TYPE.precision - _LIMIT_TYPE.scale
+    with localcontext() as ctx:
+        ctx.prec = 100
+        return abs(limit) < Decimal(10) ** whole_digits and limit == limit.quantize(Decimal(1).scaleb(-scale))
+
+
+def _check_storable(rules: list[Rule]) -> None:
+    """What the parser accepts but the table cannot hold exactly; raised before anything is written."""
+    errors: list[RuleError] = []
+    seen: set[int] = set()
+    for rule in rules:
+        if rule.rule_id in seen:
+            errors.append(RuleError(rule.rule_id, "ruleId", "is given more than once"))
+        seen.add(rule.rule_id)
+        if not _fits_limit_column(rule.limit):
+            errors.append(RuleError(
+                rule.rule_id, "limit",
+                f"has {rule.limit}; allowed: at most {_LIMIT_TYPE.precision - _LIMIT_TYPE.scale} digits before "
+                f"the decimal point and {_LIMIT_TYPE.scale} after (config/rules stores {_LIMIT_TYPE.simpleString()})",
+            ))  # fmt: skip
+    if errors:
+        raise RuleSetError(errors, [""] * len(errors))
 
 
 def apply_rules(spark: SparkSession, lakehouse: Lakehouse, rules: list[Rule], updated_by: str | None = None) -> list[RuleChange]:
     """MERGE ``rules`` into ``config/rules``: insert new, update changed, delete ``ruleState: DELETE``.
 
-    Only rules that actually change are written, so re-applying the same file adds no commit and
-    the evaluator sees no spurious change.
+    A stored row counts as unchanged when it parses to the same rule (``windowMinutes: 60`` and
+    ``window: "1h"`` are the same rule), so re-applying a file, or applying an export, adds no
+    commit and the evaluator sees no spurious change. A stored row that is not a valid rule (an
+    analyst's SQL edit) is always overwritten. Nothing is written if any rule cannot be stored.
     """
+    _check_storable(rules)
     ensure_rules_table(spark, lakehouse)
     current = {
-        row["ruleId"]: row.asDict(recursive=True)
+        row["ruleId"]: row_to_rule_json(row.asDict(recursive=True))
         for row in spark.read.format("delta").load(lakehouse.rules).select(*schema.RULE_FIELDS).collect()
     }
     changes: list[RuleChange] = []
@@ -94,36 +194,231 @@ def apply_rules(spark: SparkSession, lakehouse: Lakehouse, rules: list[Rule], up
             if old is not None:
                 deletes.append(rule.rule_id)
                 changes.append(RuleChange(rule.rule_id, "deleted"))
+            else:
+                changes.append(RuleChange(rule.rule_id, "unchanged", "not in the table"))
             continue
         if old is None:
             changes.append(RuleChange(rule.rule_id, "added"))
             upserts.append(row)
-        elif detail := _diff(old, row):
+        elif _stored_rule(old) == rule:
+            changes.append(RuleChange(rule.rule_id, "unchanged"))
+        else:
+            detail = field_diff(old, row_to_rule_json(row)) or "stored row was not a valid rule"
             changes.append(RuleChange(rule.rule_id, "updated", detail))
             upserts.append(row)
-        else:
-            changes.append(RuleChange(rule.rule_id, "unchanged"))
     if upserts or deletes:
-        who = updated_by or getpass.getuser()
-        source = spark.createDataFrame(
-            [{**row, "_delete": False} for row in upserts] + [{"ruleId": rid, "_delete": True} for rid in deletes],
-            StructType([*schema.RULES.fields, StructField("_delete", BooleanType())]),
-        ).withColumns({"updated_at": F.current_timestamp(), "updated_by": F.lit(who)})
-        view = "rulewatch_rules_source"
-        source.createOrReplaceTempView(view)
-        assignments = ", ".join(f"`{c}` = s.`{c}`" for c in schema.RULES.fieldNames())
-        columns = ", ".join(f"`{c}`" for c in schema.RULES.fieldNames())
-        values = ", ".join(f"s.`{c}`" for c in schema.RULES.fieldNames())
+        _merge(spark, lakehouse, upserts, deletes, updated_by or getpass.getuser())
+    return changes
+
+
+def _merge(spark: SparkSession, lakehouse: Lakehouse, upserts: list[dict[str, Any]], deletes: list[int], who: str) -> None:
+    source = spark.createDataFrame(
+        [{**row, "_delete": False} for row in upserts] + [{"ruleId": rid, "_delete": True} for rid in deletes],
+        StructType([*schema.RULES.fields, StructField("_delete", BooleanType())]),
+    ).withColumns({"updated_at": F.current_timestamp(), "updated_by": F.lit(who)})
+    view = "rulewatch_rules_source"
+    source.createOrReplaceTempView(view)
+    assignments = ", ".join(f"`{c}` = s.`{c}`" for c in schema.RULES.fieldNames())
+    columns = ", ".join(f"`{c}`" for c in schema.RULES.fieldNames())
+    values = ", ".join(f"s.`{c}`" for c in schema.RULES.fieldNames())
+    # Streaming queries run on a clone of the session, so the tag cannot leak into a running stream.
+    previous = spark.conf.get(USER_METADATA_CONF, None)
+    try:
+        spark.conf.set(USER_METADATA_CONF, json.dumps({"rulewatch": "rules apply", "updated_by": who}))
+        tagged = True
+    except Exception:  # a platform that forbids setting it: the history then names no deleter
+        tagged = False
+    try:
         spark.sql(
             f"MERGE INTO {table_ref(lakehouse.rules)} t USING {view} s ON t.ruleId = s.ruleId "
             f"WHEN MATCHED AND s._delete THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assignments} "
             f"WHEN NOT MATCHED AND NOT s._delete THEN INSERT ({columns}) VALUES ({values})"
         )
+    finally:
+        if tagged and previous is None:
+            spark.conf.unset(USER_METADATA_CONF)
+        elif tagged:
+            spark.conf.set(USER_METADATA_CONF, previous)
         spark.catalog.dropTempView(view)
-    return changes
 
 
-def apply_rules_file(spark: SparkSession, lakehouse: Lakehouse, path: str) -> list[RuleChange]:
+def apply_rules_file(spark: SparkSession, lakehouse: Lakehouse, path: str | os.PathLike[str], updated_by: str | None = None) -> list[RuleChange]:
     """Validate the whole file first (nothing is written if any rule is bad), then MERGE it in."""
-    return apply_rules(spark, lakehouse, load_rules_file(path))
+    rules = load_rules_file(path)
+    try:
+        return apply_rules(spark, lakehouse, rules, updated_by)
+    except RuleSetError as exc:
+        raise RuleSetError(exc.errors, exc.locations, exc.source or os.fspath(path)) from None
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+def rules_table_exists(spark: SparkSession, lakehouse: Lakehouse) -> bool:
+    return DeltaTable.isDeltaTable(spark, lakehouse.rules)
+
+
+def export_rules(spark: SparkSession, lakehouse: Lakehouse) -> list[dict[str, Any]]:
+    """Every row of ``config/rules`` as a reference JSON rule, ordered by ruleId ([] if no table).
+
+    Applying the export changes nothing. Rows are exported as stored, so a row made invalid by SQL
+    comes out invalid (and applying the export then fails validation until it is fixed).
+    """
+    if not rules_table_exists(spark, lakehouse):
+        return []
+    rows = spark.read.format("delta").load(lakehouse.rules).select(*schema.RULE_FIELDS).collect()
+    return sorted((row_to_rule_json(row.asDict(recursive=True)) for row in rows), key=lambda r: r["ruleId"])
+
+
+def rules_to_json_text(rules: Iterable[Mapping[str, Any] | Rule]) -> str:
+    """A rules file: a JSON array ordered by ruleId, one field per line (lists and filters inline)."""
+    items = sorted((r.to_json() if isinstance(r, Rule) else dict(r) for r in rules), key=lambda r: r["ruleId"])
+    if not items:
+        return "[]\n"
+    blocks = [
+        "  {\n" + ",\n".join(f"    {json.dumps(k)}: {json.dumps(v, ensure_ascii=False, default=str)}" for k, v in item.items()) + "\n  }"
+        for item in items
+    ]
+    return "[\n" + ",\n".join(blocks) + "\n]\n"
+
+
+# ------------------------------------------------------------------------------------ rule history
+
+
+def ensure_rule_history_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    ensure_table(
+        spark,
+        lakehouse.rule_history,
+        schema.RULE_HISTORY,
+        "Every change of config/rules (from its change data feed): who, when, the rule before and after",
+    )
+
+
+def _image_json(image: Mapping[str, Any] | None) -> str | None:
+    return None if image is None else json.dumps(row_to_rule_json(image), ensure_ascii=False)
+
+
+def _stamp(image: Mapping[str, Any]) -> tuple[Any, Any]:
+    return image.get("updated_by"), image.get("updated_at")
+
+
+def history_rows(changes: Iterable[Mapping[str, Any]], commit_authors: Mapping[int, str | None] | None = None) -> list[dict[str, Any]]:
+    """``gold/rule_history`` rows from change-data-feed rows (rule columns + ``_change_type``,
+    ``_commit_version``, ``_commit_timestamp``).
+
+    Update pre- and post-images pair up by (ruleId, commit version). An image left unpaired (an
+    UPDATE that changed a ruleId) is what it amounts to: the old id deleted, the new id inserted.
+    ``updated_by`` is the row's own stamp when this commit set it, else the commit's author from
+    ``commit_authors`` (Delta's userName, or apply_rules' tag), else null: a SQL edit that leaves
+    ``updated_by`` alone is not attributed to the previous editor.
+    """
+    authors = commit_authors or {}
+    groups: dict[tuple[int, int], dict[str, list[Mapping[str, Any]]]] = {}
+    for change in changes:
+        key = (int(change["_commit_version"]), int(change["ruleId"]))
+        groups.setdefault(key, {}).setdefault(str(change["_change_type"]), []).append(change)
+
+    def row(kind: str, version: int, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> dict[str, Any]:
+        image = after if after is not None else before
+        assert image is not None
+        stamped = after is not None and after.get("updated_by") is not None and (before is None or _stamp(before) != _stamp(after))
+        return {
+            "rule_id": int(image["ruleId"]),
+            "change": kind,
+            "commit_version": version,
+            "commit_timestamp": image.get("_commit_timestamp"),
+            "updated_by": after["updated_by"] if stamped else authors.get(version),
+            "before": _image_json(before),
+            "after": _image_json(after),
+        }
+
+    out: list[dict[str, Any]] = []
+    for (version, _), kinds in sorted(groups.items()):
+        # Several images of one ruleId in one commit only happen with duplicate ids; order them
+        # deterministically so a replayed batch pairs them the same way.
+        pre = sorted(kinds.get("update_preimage", []), key=lambda r: _image_json(r) or "")
+        post = sorted(kinds.get("update_postimage", []), key=lambda r: _image_json(r) or "")
+        out += [row("updated", version, old, new) for old, new in zip(pre, post)]
+        out += [row("deleted", version, old, None) for old in [*pre[len(post):], *kinds.get("delete", [])]]
+        out += [row("inserted", version, None, new) for new in [*post[len(pre):], *kinds.get("insert", [])]]
+    order = {"deleted": 0, "updated": 1, "inserted": 2}
+    return sorted(out, key=lambda r: (r["commit_version"], r["rule_id"], order[r["change"]]))
+
+
+def _metadata_author(user_metadata: str | None) -> str | None:
+    try:
+        tag = json.loads(user_metadata) if user_metadata else None
+    except ValueError:
+        return None
+    return tag.get("updated_by") if isinstance(tag, dict) and tag.get("rulewatch") else None
+
+
+def _commit_authors(spark: SparkSession, lakehouse: Lakehouse, versions: set[int]) -> dict[int, str | None]:
+    """Who made each commit: Delta's userName where the platform records one (Databricks), else
+    the updated_by that apply_rules tagged the commit with."""
+    history = (
+        spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)}")
+        .where(F.col("version").isin(sorted(versions)))
+        .select("version", "userName", "userMetadata")
+        .collect()
+    )
+    return {int(r["version"]): r["userName"] or _metadata_author(r["userMetadata"]) for r in history}
+
+
+def write_rule_history_batch(changes: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+    """One micro-batch of the rules change feed into ``gold/rule_history`` (idempotent per batch id).
+
+    The rules table is small and so is its feed: the batch is paired on the driver.
+    """
+    records = [r.asDict(recursive=True) for r in changes.collect()]
+    if not records:
+        return
+    spark = changes.sparkSession
+    rows = history_rows(records)
+    unattributed = {r["commit_version"] for r in rows if r["updated_by"] is None}
+    if unattributed:
+        rows = history_rows(records, _commit_authors(spark, lakehouse, unattributed))
+    append_once(spark.createDataFrame(rows, schema.RULE_HISTORY), lakehouse.rule_history, HISTORY_SINK, batch_id)
+
+
+def start_rule_history(
+    spark: SparkSession, lakehouse: Lakehouse, available_now: bool = True, processing_time: str | None = None
+) -> StreamingQuery:
+    """Stream the rules table's change data feed (from version 0) into ``gold/rule_history``."""
+    ensure_rules_table(spark, lakehouse)
+    ensure_rule_history_table(spark, lakehouse)
+    changes = (
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(lakehouse.rules)
+        .select(*schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp")
+    )
+    writer = (
+        changes.writeStream.queryName(HISTORY_QUERY)
+        .option("checkpointLocation", lakehouse.checkpoint("rule_history"))
+        .foreachBatch(lambda df, batch_id: write_rule_history_batch(df, batch_id, lakehouse))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "10 seconds")
+    return writer.start()
+
+
+def run_rule_history(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Bring ``gold/rule_history`` up to date with every commit so far, then return."""
+    query = start_rule_history(spark, lakehouse, available_now=True)
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"rule history query failed: {query.exception()}")
+
+
+def latest_rule_history(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20) -> list[Row]:
+    """The last ``limit`` changes, oldest first."""
+    newest_first = (
+        spark.read.format("delta")
+        .load(lakehouse.rule_history)
+        .orderBy(F.desc("commit_version"), F.desc("rule_id"), F.desc("change"))
+        .limit(limit)
+        .collect()
+    )
+    return newest_first[::-1]

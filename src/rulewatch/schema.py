@@ -138,3 +138,15 @@ RULE_ERRORS = StructType([
     StructField("reason", StringType()),
     StructField("gold_batch_id", LongType()),
 ])  # fmt: skip
+
+# gold/rule_history: one row per change of config/rules, built from its change data feed.
+# ``before`` / ``after`` are the rule as reference JSON text (null for an insert / a delete).
+RULE_HISTORY = StructType([
+    StructField("rule_id", IntegerType(), False),
+    StructField("change", StringType(), False),  # inserted | updated | deleted
+    StructField("commit_version", LongType(), False),
+    StructField("commit_timestamp", TimestampType()),
+    StructField("updated_by", StringType()),
+    StructField("before", StringType()),
+    StructField("after", StringType()),
+])  # fmt: skip

@@ -50,7 +50,11 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         return SparkSession.builder.getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]")).appName(app_name)
+    remote = os.environ.get("RULEWATCH_REMOTE")
+    builder = SparkSession.builder.appName(app_name)
+    # Spark Connect (as on Databricks serverless): "local[2]" starts a local Connect server with the
+    # same settings; an "sc://..." URL connects to a running one.
+    builder = builder.remote(remote) if remote else builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_delta_jars()))

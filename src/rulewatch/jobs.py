@@ -1,0 +1,378 @@
+"""Run the asset bundle's job DAG on this machine, one real notebook execution per task.
+
+The job is read from the same ``databricks.yml`` + ``include``d YAML that ``databricks bundle
+deploy`` ships, so a local run exercises the deployed task graph, parameters and notebooks rather
+than a hand-maintained copy of them. Only what a local run needs is interpreted: ``${var.NAME}``
+(bundle variables), ``{{job.parameters.NAME}}`` (job parameters) and ``notebook_task`` tasks joined
+by ``depends_on``; anything else a task would need is reported instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+
+from rulewatch.widgets import widget_env
+
+Log = Callable[[str], None]
+
+# Same shape as the bundle CLI's variable reference; "$${...}" is an escaped literal there, so skip it.
+_VAR_REF = re.compile(r"(?<!\$)\$\{var\.([A-Za-z_][\w-]*)\}")
+_OTHER_REF = re.compile(r"(?<!\$)\$\{[^}]*\}")
+_DYNAMIC_REF = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+_JOB_PARAM = re.compile(r"job\.parameters\.([A-Za-z_][\w-]*)")
+
+# A checkout's own bundle, used when the current directory is not inside one.
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class JobError(Exception):
+    """The bundle cannot be run as asked (bad reference, unknown job, cycle, ...)."""
+
+
+class JobRunFailed(JobError):
+    """At least one task failed; ``results`` holds every task's outcome, dependants as skipped."""
+
+    def __init__(self, job_key: str, results: list[TaskResult]):
+        self.results = results
+        failed = [r for r in results if r.status == "failed"]
+        skipped = [r.task_key for r in results if r.status == "skipped"]
+        detail = "; ".join(f"task {r.task_key} failed: {r.error}" for r in failed)
+        if skipped:
+            detail += f"; skipped: {', '.join(skipped)}"
+        super().__init__(f"job {job_key}: {detail}")
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str
+    notebook: Path  # absolute; the YAML gives it relative to the file that declares the task
+    base_parameters: dict[str, str]  # still holding {{job.parameters.*}} references
+    depends_on: tuple[str, ...]
+    timeout_seconds: int | None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    key: str
+    source: Path  # the YAML file the job came from, for error messages and relative paths
+    definition: dict[str, Any]  # as written, before any reference is resolved
+    parameters: dict[str, str]  # name -> default, with ${var.*} resolved
+    tasks: tuple[Task, ...]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    root: Path
+    variables: dict[str, str]
+    jobs: dict[str, JobSpec]
+    files: tuple[Path, ...]  # databricks.yml first, then every included file
+
+    def job(self, job_key: str | None) -> JobSpec:
+        """The named job, or the only one when no name is given."""
+        if job_key is None:
+            if len(self.jobs) == 1:
+                return next(iter(self.jobs.values()))
+            raise JobError(f"bundle {self.root} defines {len(self.jobs)} jobs; name one of: {', '.join(sorted(self.jobs)) or '(none)'}")
+        if job_key not in self.jobs:
+            raise JobError(f"no job {job_key!r} in bundle {self.root}; jobs: {', '.join(sorted(self.jobs)) or '(none)'}")
+        return self.jobs[job_key]
+
+
+@dataclass
+class TaskResult:
+    task_key: str
+    status: Literal["ok", "failed", "skipped"]
+    seconds: float = 0.0
+    error: str | None = None  # "<ename>: <evalue>" of the failing cell, or why it was skipped
+    parameters: dict[str, str] = field(default_factory=dict)  # the widget values the notebook got
+    notebook: Any = None  # the executed nbformat notebook (outputs included) when it ran
+
+
+def find_bundle_root(start: Path | None = None) -> Path:
+    """The nearest folder holding ``databricks.yml`` from ``start`` upwards, else this checkout's."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "databricks.yml").is_file():
+            return folder
+    if (_SOURCE_ROOT / "databricks.yml").is_file():
+        return _SOURCE_ROOT
+    raise JobError(f"no databricks.yml in {here} or any parent folder")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise JobError(f"{path}: not valid YAML: {err}") from err
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise JobError(f"{path}: expected a mapping at the top level")
+    return document
+
+
+def _resolve_vars(value: Any, variables: dict[str, str], source: Path) -> Any:
+    """Substitute every ``${var.NAME}`` in strings nested anywhere inside ``value``."""
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in variables:
+                raise JobError(f"{source}: unknown variable ${{var.{name}}} (defined: {', '.join(sorted(variables)) or 'none'})")
+            return variables[name]
+
+        return _VAR_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {k: _resolve_vars(v, variables, source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_vars(v, variables, source) for v in value]
+    return value
+
+
+def _bundle_variables(root_file: Path, document: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
+    declared = document.get("variables") or {}
+    unknown = sorted(set(overrides) - set(declared))
+    if unknown:
+        raise JobError(f"{root_file}: no variable named {', '.join(unknown)} (declared: {', '.join(sorted(declared)) or 'none'})")
+    # A variable with no default only exists once it is given a value; referencing it stays an error.
+    variables = {
+        name: str(spec["default"])
+        for name, spec in declared.items()
+        if isinstance(spec, dict) and "default" in spec and spec["default"] is not None
+    }
+    variables.update({name: str(value) for name, value in overrides.items()})
+    return variables
+
+
+def _parse_job(key: str, definition: dict[str, Any], source: Path, variables: dict[str, str]) -> JobSpec:
+    resolved = _resolve_vars(definition, variables, source)
+    parameters = {str(p["name"]): str(p.get("default", "")) for p in resolved.get("parameters") or []}
+    tasks: list[Task] = []
+    for raw in resolved.get("tasks") or []:
+        task_key = raw.get("task_key")
+        if not task_key:
+            raise JobError(f"{source}: job {key} has a task without task_key")
+        if any(t.key == task_key for t in tasks):
+            raise JobError(f"{source}: job {key} declares task {task_key} twice")
+        notebook_task = raw.get("notebook_task")
+        if notebook_task is None:
+            kinds = ", ".join(k for k in raw if k.endswith("_task")) or "no task type"
+            raise JobError(f"{source}: task {task_key} is {kinds}; only notebook_task runs locally")
+        # Anything but the default would change which tasks run after a failure; not emulated.
+        if raw.get("run_if", "ALL_SUCCESS") != "ALL_SUCCESS":
+            raise JobError(f"{source}: task {task_key} has run_if {raw['run_if']}; only ALL_SUCCESS runs locally")
+        tasks.append(
+            Task(
+                key=task_key,
+                notebook=(source.parent / notebook_task["notebook_path"]).resolve(),
+                base_parameters={str(k): str(v) for k, v in (notebook_task.get("base_parameters") or {}).items()},
+                depends_on=tuple(d["task_key"] for d in raw.get("depends_on") or []),
+                timeout_seconds=raw.get("timeout_seconds") or None,
+            )
+        )
+    return JobSpec(key, source, definition, parameters, tuple(tasks))
+
+
+def load_bundle(root: Path | None = None, variables: dict[str, str] | None = None) -> Bundle:
+    """Parse ``databricks.yml`` and its ``include`` globs; collect ``resources.jobs`` from all of them."""
+    root = (root or find_bundle_root()).resolve()
+    root_file = root / "databricks.yml"
+    if not root_file.is_file():
+        raise JobError(f"{root}: no databricks.yml")
+    document = _read_yaml(root_file)
+    values = _bundle_variables(root_file, document, variables or {})
+    files = [root_file]
+    for pattern in document.get("include") or []:
+        files += sorted(p.resolve() for p in root.glob(pattern) if p.is_file())
+    jobs: dict[str, JobSpec] = {}
+    for path in files:
+        fragment = document if path == root_file else _read_yaml(path)
+        for key, definition in ((fragment.get("resources") or {}).get("jobs") or {}).items():
+            if key in jobs:
+                raise JobError(f"{path}: job {key} is already defined in {jobs[key].source}")
+            jobs[key] = _parse_job(key, definition, path, values)
+    return Bundle(root, values, jobs, tuple(files))
+
+
+def task_order(job: JobSpec) -> list[Task]:
+    """Tasks in dependency order (declaration order among ready tasks); unknown deps and cycles raise."""
+    by_key = {task.key: task for task in job.tasks}
+    for task in job.tasks:
+        for dep in task.depends_on:
+            if dep not in by_key:
+                raise JobError(f"{job.source}: task {task.key} depends on unknown task {dep}")
+    ordered: list[Task] = []
+    done: set[str] = set()
+    while len(ordered) < len(job.tasks):
+        ready = [t for t in job.tasks if t.key not in done and all(d in done for d in t.depends_on)]
+        if not ready:
+            stuck = ", ".join(t.key for t in job.tasks if t.key not in done)
+            raise JobError(f"{job.source}: job {job.key} has a dependency cycle among tasks {stuck}")
+        ordered.append(ready[0])
+        done.add(ready[0].key)
+    return ordered
+
+
+def task_parameters(job: JobSpec, task: Task, overrides: dict[str, str]) -> dict[str, str]:
+    """The task's widget values, as Databricks computes them for a notebook task.
+
+    base_parameters with ``{{job.parameters.NAME}}`` filled in, then every job parameter on top:
+    Databricks pushes job parameters down to each notebook task's widgets and they win over a
+    task parameter of the same name.
+    """
+    values = {**job.parameters, **overrides}
+
+    def substitute(match: re.Match[str]) -> str:
+        reference = match.group(1)
+        param = _JOB_PARAM.fullmatch(reference)
+        if param is None:
+            raise JobError(f"{job.source}: task {task.key} uses {{{{{reference}}}}}; only {{{{job.parameters.NAME}}}} resolves locally")
+        if param.group(1) not in values:
+            raise JobError(
+                f"{job.source}: task {task.key} references unknown job parameter {param.group(1)} "
+                f"(job {job.key} has: {', '.join(sorted(job.parameters)) or 'none'})"
+            )
+        return values[param.group(1)]
+
+    resolved = {name: _DYNAMIC_REF.sub(substitute, value) for name, value in task.base_parameters.items()}
+    params = {**resolved, **values}
+    for name, value in params.items():
+        # ${bundle.*}, ${workspace.*}, ... only mean something to a deployed bundle.
+        if match := _OTHER_REF.search(value):
+            raise JobError(f"{job.source}: task {task.key} parameter {name} uses {match.group(0)}; only ${{var.NAME}} resolves locally")
+    return params
+
+
+def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[Any, str | None]:
+    """Run the notebook in a fresh python3 kernel; return it with outputs and the error, if any."""
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        from nbclient.exceptions import CellExecutionError
+    except ImportError as err:
+        raise JobError(f"local job runs need nbformat, nbclient and ipykernel: pip install 'rulewatch[dev]' ({err})") from err
+
+    # Widget values come only from the job, never from RULEWATCH_WIDGET_* left in the caller's shell.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
+    env.update(widget_env(params))
+    try:
+        nb = nbformat.read(task.notebook, as_version=4)
+    except (OSError, ValueError) as err:
+        return None, f"{type(err).__name__}: cannot read notebook {task.notebook}: {err}"
+    # The per-cell timeout is the task's whole timeout: the closest nbclient has; none, as on Databricks.
+    client = NotebookClient(nb, timeout=task.timeout_seconds, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    try:
+        client.execute(env=env, cwd=str(cwd))
+    except CellExecutionError as err:
+        return nb, f"{err.ename}: {err.evalue}"
+    except Exception as err:  # dead kernel, timeout: still one task's failure, not the runner's
+        return nb, f"{type(err).__name__}: {err}"
+    return nb, None
+
+
+def run_job_locally(
+    job_key: str | None,
+    overrides: dict[str, str],
+    log: Log = print,
+    *,
+    root: Path | None = None,
+    variables: dict[str, str] | None = None,
+) -> list[TaskResult]:
+    """Run every task of the bundle job in dependency order; raise ``JobRunFailed`` if any failed.
+
+    ``overrides`` set job parameters (``lakehouse``, ``landing``, ...), ``variables`` bundle
+    variables; ``root`` is the bundle folder (default: found from the current directory).
+    """
+    bundle = load_bundle(root, variables)
+    job = bundle.job(job_key)
+    unknown = sorted(set(overrides) - set(job.parameters))
+    if unknown:
+        raise JobError(f"{job.source}: job {job.key} has no parameter {', '.join(unknown)} (has: {', '.join(sorted(job.parameters)) or 'none'})")
+    order = task_order(job)
+    # Resolve every task's parameters before running anything: a bad reference fails fast, not at task 4.
+    params = {task.key: task_parameters(job, task, overrides) for task in order}
+    shown = ", ".join(f"{k}={v}" for k, v in {**job.parameters, **overrides}.items())
+    log(f"job {job.key}: {len(order)} tasks ({' -> '.join(t.key for t in order)}); {shown}")
+
+    results: dict[str, TaskResult] = {}
+    for n, task in enumerate(order, 1):
+        prefix = f"[{n}/{len(order)}] {task.key} ..."
+        blocked = [d for d in task.depends_on if results[d].status != "ok"]
+        if blocked:
+            results[task.key] = TaskResult(task.key, "skipped", error=f"upstream {', '.join(blocked)} did not succeed")
+            log(f"{prefix} skipped (upstream {', '.join(blocked)} did not succeed)")
+            continue
+        started = time.monotonic()
+        nb, error = _execute_notebook(task, params[task.key], bundle.root)
+        seconds = time.monotonic() - started
+        status: Literal["ok", "failed"] = "ok" if error is None else "failed"
+        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb)
+        log(f"{prefix} {status} ({seconds:.1f}s)" if error is None else f"{prefix} FAILED ({seconds:.1f}s): {error}")
+
+    outcome = [results[task.key] for task in order]
+    if any(r.status != "ok" for r in outcome):
+        raise JobRunFailed(job.key, outcome)
+    return outcome
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _cmd_job_run(args: argparse.Namespace) -> int:
+    if args.target != "local":
+        print(
+            f"rulewatch: job run only runs --target local; run on Databricks with "
+            f"`databricks bundle deploy -t {args.target}` then `databricks bundle run -t {args.target}{' ' + args.job if args.job else ''}`",
+            file=sys.stderr,
+        )
+        return 2
+    if args.lakehouse is None:
+        print("rulewatch: job run --target local needs --lakehouse DIR (where the Delta tables go)", file=sys.stderr)
+        return 2
+    try:
+        bundle = load_bundle(None, dict(args.var))
+        job = bundle.job(args.job)
+        # Paths given on the command line are relative to where it is typed; the kernels run in the bundle root.
+        given = {
+            "lakehouse": args.lakehouse,
+            "landing": args.landing,
+            "rules_file": args.rules,
+        }
+        defaults = {
+            "landing": str(bundle.root / "fixtures" / "transactions"),
+            "rules_file": str(bundle.root / "fixtures" / "rules.json"),
+        }
+        overrides = {k: v for k, v in defaults.items() if k in job.parameters}
+        overrides.update({k: os.path.abspath(v) for k, v in given.items() if v is not None})
+        run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
+    except JobError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``job run [JOB] --target local --lakehouse DIR ...`` on the ``rulewatch`` parser."""
+    job = subparsers.add_parser("job", help="the asset bundle job")
+    job_sub = job.add_subparsers(dest="job_command", required=True)
+    run = job_sub.add_parser("run", help="run the bundle job's task DAG locally, one notebook execution per task")
+    run.add_argument("job", nargs="?", help="job key under resources.jobs (default: the only job)")
+    run.add_argument("--target", "-t", default="local", help="only 'local'; remote runs use `databricks bundle run -t <target>`")
+    run.add_argument("--lakehouse", help="job parameter lakehouse: folder for every Delta table and checkpoint")
+    run.add_argument("--landing", help="job parameter landing (default: fixtures/transactions in the bundle root)")
+    run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
+    run.add_argument("--var", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
+    run.set_defaults(func=_cmd_job_run)

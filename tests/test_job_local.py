@@ -1,0 +1,194 @@
+"""The bundle job's DAG run locally: real notebook executions, the same alerts as the CLI path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from chispa import assert_df_equality
+
+from conftest import FIXTURES, ROOT
+from rulewatch.jobs import JobError, JobRunFailed, add_cli, load_bundle, run_job_locally, task_order, task_parameters
+
+
+def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path):
+    lakehouse = tmp_path / "lakehouse"
+    lines: list[str] = []
+    results = run_job_locally(
+        None,
+        {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json")},
+        log=lines.append,
+        root=ROOT,
+    )
+    assert [(r.task_key, r.status) for r in results] == [("setup", "ok"), ("bronze", "ok"), ("silver", "ok"), ("gold", "ok")]
+    assert [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in lines[1:]] == [
+        "[1/4] setup ... ok (Ns)",
+        "[2/4] bronze ... ok (Ns)",
+        "[3/4] silver ... ok (Ns)",
+        "[4/4] gold ... ok (Ns)",
+    ]
+    gold_text = "".join(out.get("text", "") for cell in results[-1].notebook.cells if cell.cell_type == "code" for out in cell.outputs)
+    assert "bronze = silver + quarantined + duplicates: ok" in gold_text
+
+    columns = ["rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "event_count"]
+    assert_df_equality(
+        spark.read.format("delta").load(str(lakehouse / "gold" / "alerts")).select(*columns),
+        spark.read.format("delta").load(f"{fixture_run.lakehouse.root}/gold/alerts").select(*columns),
+        ignore_row_order=True,
+    )
+
+
+# ---- a tiny bundle of kernels that start in a second, for failure handling and the CLI -------------
+
+
+def _notebook(path: Path, source: str) -> None:
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nbformat.write(nb, path)
+
+
+def write_bundle(root: Path, jobs: dict, variables: dict | None = None) -> Path:
+    """``databricks.yml`` + ``resources/jobs.yml`` under ``root``; notebooks go in ``root/notebooks``."""
+    (root / "resources").mkdir(parents=True, exist_ok=True)
+    (root / "notebooks").mkdir(exist_ok=True)
+    document = {"bundle": {"name": "tiny"}, "include": ["resources/*.yml"], "variables": variables or {}}
+    (root / "databricks.yml").write_text(yaml.safe_dump(document))
+    (root / "resources" / "jobs.yml").write_text(yaml.safe_dump({"resources": {"jobs": jobs}}))
+    return root
+
+
+RECORD = """\
+import json, os
+from pathlib import Path
+from rulewatch.widgets import widget
+out = Path(widget("lakehouse"))
+out.mkdir(parents=True, exist_ok=True)
+(out / "{name}.json").write_text(json.dumps({{"greeting": widget("greeting"), "cwd": os.getcwd()}}))
+"""
+
+
+def _task(key: str, notebook: str, *after: str) -> dict:
+    task = {
+        "task_key": key,
+        "notebook_task": {
+            "notebook_path": f"../notebooks/{notebook}.ipynb",
+            "base_parameters": {"lakehouse": "{{job.parameters.lakehouse}}", "greeting": "{{job.parameters.greeting}}"},
+        },
+    }
+    if after:
+        task["depends_on"] = [{"task_key": a} for a in after]
+    return task
+
+
+@pytest.fixture
+def failing_bundle(tmp_path) -> Path:
+    """first -> boom -> after_boom -> last, and first -> sibling; boom raises."""
+    root = write_bundle(
+        tmp_path / "bundle",
+        {
+            "tiny": {
+                "max_concurrent_runs": 1,
+                "parameters": [{"name": "lakehouse", "default": ""}, {"name": "greeting", "default": "${var.greeting}"}],
+                "tasks": [
+                    _task("first", "record_first"),
+                    _task("boom", "boom", "first"),
+                    _task("after_boom", "record_after", "boom"),
+                    _task("last", "record_last", "after_boom"),
+                    _task("sibling", "record_sibling", "first"),
+                ],
+            }
+        },
+        variables={"greeting": {"default": "hello"}},
+    )
+    for name in ["first", "after", "last", "sibling"]:
+        _notebook(root / "notebooks" / f"record_{name}.ipynb", RECORD.format(name=name))
+    _notebook(root / "notebooks" / "boom.ipynb", 'from rulewatch.widgets import widget\nraise ValueError(f"boom at {widget(\'greeting\')}")')
+    return root
+
+
+def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, tmp_path):
+    out = tmp_path / "out"
+    lines: list[str] = []
+    with pytest.raises(JobRunFailed) as failure:
+        run_job_locally(None, {"lakehouse": str(out)}, log=lines.append, root=failing_bundle, variables={"greeting": "hi"})
+
+    assert "task boom failed: ValueError: boom at hi" in str(failure.value)
+    assert [(r.task_key, r.status) for r in failure.value.results] == [
+        ("first", "ok"),
+        ("boom", "failed"),
+        ("after_boom", "skipped"),
+        ("last", "skipped"),
+        ("sibling", "ok"),  # independent of the failure, so it still runs
+    ]
+    assert re.fullmatch(r"\[2/5\] boom \.\.\. FAILED \(\d+\.\ds\): ValueError: boom at hi", lines[2])
+    assert lines[3] == "[3/5] after_boom ... skipped (upstream boom did not succeed)"
+    assert lines[4] == "[4/5] last ... skipped (upstream after_boom did not succeed)"
+    # The kernels ran in the bundle root with the job's parameters, the variable override included.
+    assert sorted(p.name for p in out.iterdir()) == ["first.json", "sibling.json"]
+    assert json.loads((out / "first.json").read_text()) == {"greeting": "hi", "cwd": str(failing_bundle.resolve())}
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rulewatch")
+    add_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_exits_non_zero_naming_the_failed_task(failing_bundle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(failing_bundle / "notebooks")  # the bundle is found upwards from here
+    assert _cli(["job", "run", "--target", "local", "--lakehouse", str(tmp_path / "out")]) == 1
+    assert "task boom failed: ValueError: boom at hello; skipped: after_boom, last" in capsys.readouterr().err
+
+
+def test_cli_points_remote_targets_at_the_databricks_cli(capsys):
+    assert _cli(["job", "run", "rulewatch_pipeline", "--target", "dev", "--lakehouse", "x"]) == 2
+    assert "databricks bundle run -t dev rulewatch_pipeline" in capsys.readouterr().err
+
+
+def test_the_repo_bundle_resolves_variables_and_parameters():
+    bundle = load_bundle(ROOT, {"landing": "/data/in"})
+    job = bundle.job(None)
+    params = {t.key: task_parameters(job, t, {"lakehouse": "/lh"}) for t in task_order(job)}
+    assert params["bronze"]["landing"] == "/data/in"  # ${var.landing} -> job parameter -> widget
+    assert params["setup"] == {"lakehouse": "/lh", "landing": "/data/in", "rules_file": ""}
+
+
+def _job(tasks: list[dict], **extra) -> dict:
+    return {"tiny": {"max_concurrent_runs": 1, "parameters": [{"name": "lakehouse", "default": "x"}], "tasks": tasks, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("jobs", "variables", "message"),
+    [
+        (_job([_task("a", "n", "b"), _task("b", "n", "a")]), {}, "dependency cycle among tasks a, b"),
+        (_job([_task("a", "n", "ghost")]), {}, "task a depends on unknown task ghost"),
+        (_job([_task("a", "n")]), {}, "unknown job parameter greeting"),
+        (
+            _job([{"task_key": "a", "notebook_task": {"notebook_path": "${var.nope}"}}]),
+            {},
+            "unknown variable ${var.nope}",
+        ),
+        (_job([{"task_key": "a", "spark_python_task": {"python_file": "x.py"}}]), {}, "only notebook_task runs locally"),
+        ({**_job([]), "other": _job([])["tiny"]}, {}, "defines 2 jobs; name one of: other, tiny"),
+    ],
+)
+def test_bad_bundles_fail_before_any_task_runs_and_say_where(tmp_path, jobs, variables, message):
+    root = write_bundle(tmp_path, jobs, variables)
+    with pytest.raises(JobError) as err:
+        run_job_locally(None, {}, log=lambda _: None, root=root)
+    assert message in str(err.value)
+    assert str(root / "resources" / "jobs.yml") in str(err.value) or "defines 2 jobs" in message
+
+
+def test_unknown_overrides_are_rejected(tmp_path):
+    root = write_bundle(tmp_path, _job([]))
+    with pytest.raises(JobError, match="no parameter landng"):
+        run_job_locally(None, {"landng": "x"}, log=lambda _: None, root=root)
+    with pytest.raises(JobError, match="no variable named nope"):
+        run_job_locally(None, {}, log=lambda _: None, root=root, variables={"nope": "1"})
