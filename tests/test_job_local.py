@@ -16,6 +16,7 @@ from conftest import FIXTURES, ROOT
 from rulewatch.jobs import JobError, JobRunFailed, add_cli, load_bundle, run_job_locally, task_order, task_parameters
 
 
+@pytest.mark.spark
 def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []

@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from rulewatch.jobs import add_cli as add_job_cli
 from rulewatch.rules import RuleSetError
+from rulewatch.rules_cli import add_cli as add_rules_cli
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-events", type=int, default=50_000)
     bench.add_argument("--shards", type=int, default=16)
     bench.set_defaults(func=_cmd_bench)
+    add_rules_cli(sub)
+    add_job_cli(sub)
     return parser
 
 

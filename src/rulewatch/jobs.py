@@ -356,7 +356,8 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
             "rules_file": str(bundle.root / "fixtures" / "rules.json"),
         }
         overrides = {k: v for k, v in defaults.items() if k in job.parameters}
-        overrides.update({k: os.path.abspath(v) for k, v in given.items() if v is not None})
+        # An empty value stays empty: --rules "" means "leave config/rules as it is".
+        overrides.update({k: os.path.abspath(v) if v else v for k, v in given.items() if v is not None})
         run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
