@@ -75,8 +75,17 @@ def test_rule_changes_reach_the_running_stream(spark, tmp_path):
         assert [(e.rule_id, e.commit_version, e.field) for e in errors] == [(1, bad_version, "aggregatorFunctionType")]
         assert "SUMM" in errors[0].reason and query.isActive
 
-        spark.sql(f"DELETE FROM {table_ref(lakehouse.rules)} WHERE ruleId = 1")
-        assert step(("e7", 6, "9999")) == []
+        # Renumbering a rule by SQL removes the old id: the repaired rule now fires only as rule 2.
+        spark.sql(
+            f"UPDATE {table_ref(lakehouse.rules)} SET ruleId = 2, aggregatorFunctionType = 'SUM', limit = 100 WHERE ruleId = 1"
+        )
+        renumbered = rules_version(spark, lakehouse)
+        assert step(("e7", 6, "1")) == [("e7", renumbered, Decimal("6052"))]
+        alerts = spark.read.format("delta").load(lakehouse.alerts).where("transaction_id = 'e7'").collect()
+        assert [a.rule_id for a in alerts] == [2]
+
+        spark.sql(f"DELETE FROM {table_ref(lakehouse.rules)} WHERE ruleId = 2")
+        assert step(("e8", 7, "9999")) == []
         assert query.isActive and query.exception() is None
     finally:
         query.stop()

@@ -14,7 +14,6 @@ from conftest import FIXTURES
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import RuleSetError, parse_rules
 from rulewatch.rules_table import (
-    RuleChange,
     apply_rules,
     apply_rules_file,
     export_rules,

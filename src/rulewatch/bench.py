@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -86,7 +86,9 @@ def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
     return Measurement(name, events, seconds, updated, memory)
 
 
-def bench(spark: SparkSession, events: int, keys: int, batch_events: int, shards: int, workdir: str | None = None) -> list[Measurement]:
+def bench(
+    spark: SparkSession, events: int, keys: int, batch_events: int, shards: int, slot_options: list[int], workdir: str | None = None
+) -> list[Measurement]:
     root = workdir or tempfile.mkdtemp(prefix="rulewatch-bench-")
     shutil.rmtree(root, ignore_errors=True)
     lakehouse = Lakehouse(root)
@@ -100,10 +102,11 @@ def bench(spark: SparkSession, events: int, keys: int, batch_events: int, shards
         .groupBy("shard")
         .applyInPandas(lambda frame: pd.DataFrame({"n": [len(frame)]}), "n long")
     )
-    results = [
-        _run("stateless pass-through", passthrough, lakehouse.checkpoint("bench-passthrough"), events),
-        _run("evaluator", evaluated(spark, lakehouse, settings), lakehouse.checkpoint("bench-evaluator"), events),
-    ]
+    results = [_run("stateless pass-through", passthrough, lakehouse.checkpoint("bench-passthrough"), events)]
+    for slots in slot_options:
+        layout = replace(settings, state_slots=slots)
+        name = f"evaluator, {'per-key state' if not slots else f'{slots} slots/shard'}"
+        results.append(_run(name, evaluated(spark, lakehouse, layout), lakehouse.checkpoint(f"bench-evaluator-{slots}"), events))
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return results

@@ -44,11 +44,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     spark = get_spark("rulewatch-bench")
     print(f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, {args.shards} shards")
-    results = bench(spark, args.events, args.keys, args.batch_events, args.shards)
+    results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots)
     floor = results[0].rate
     for m in results:
         print(
-            f"  {m.name:<24} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor:4.2f}"
+            f"  {m.name:<34} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor:4.2f}"
             f"  state rows updated {m.state_rows_updated:,}  state memory {m.state_bytes:,} B"
         )
     return 0
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--keys", type=int, default=10_000)
     bench.add_argument("--batch-events", type=int, default=50_000)
     bench.add_argument("--shards", type=int, default=16)
+    bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
     add_job_cli(sub)

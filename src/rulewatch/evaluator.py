@@ -14,12 +14,14 @@ State per shard:
 
 from __future__ import annotations
 
+import pickle
+import zlib
 from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch
@@ -53,16 +55,75 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in OUTPUT_COLUMNS})
 
 
+class HistoryStore:
+    """State key -> history blob over one MapState, in one of two layouts.
+
+    ``slots == 0``: one entry per key, so a batch reads and writes exactly the keys it touches.
+    ``slots > 0``: keys hashed into that many entries per shard, so a batch pays one state round
+    trip per touched slot instead of per key, but rewrites every key sharing a touched slot. That
+    wins when most keys are touched every batch and loses when few of many keys are
+    (docs/benchmarks.md). The layout is fixed per checkpoint.
+    """
+
+    def __init__(self, state: MapState, slots: int) -> None:
+        self.state = state
+        self.slots = slots
+        self._loaded: dict[str, dict[str, bytes]] = {}
+        self._dirty: set[str] = set()
+
+    def _slot(self, key: str) -> str:
+        return f"#slot{zlib.crc32(key.encode()) % self.slots}"
+
+    def _slot_entries(self, slot: str) -> dict[str, bytes]:
+        if slot not in self._loaded:
+            stored = self.state.getValue((slot,))
+            self._loaded[slot] = pickle.loads(stored[0]) if stored else {}
+        return self._loaded[slot]
+
+    def get(self, key: str) -> bytes | None:
+        if not self.slots:
+            stored = self.state.getValue((key,))
+            return stored[0] if stored else None
+        return self._slot_entries(self._slot(key)).get(key)
+
+    def put(self, key: str, blob: bytes | None) -> None:
+        if not self.slots:
+            if blob is None:
+                self.state.removeKey((key,))
+            else:
+                self.state.updateValue((key,), (blob,))
+            return
+        slot = self._slot(key)
+        entries = self._slot_entries(slot)
+        if blob is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = blob
+        self._dirty.add(slot)
+
+    def flush(self) -> None:
+        for slot in self._dirty:
+            entries = self._loaded[slot]
+            if entries:
+                self.state.updateValue((slot,), (pickle.dumps(entries, protocol=5),))
+            else:
+                self.state.removeKey((slot,))
+        self._loaded.clear()
+        self._dirty.clear()
+
+
 class RuleProcessor(StatefulProcessor):
     """Evaluates every active rule on every event of a shard over its exact look-back window."""
 
-    def __init__(self, cleanup_granularity_ms: int = 60_000) -> None:
+    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0) -> None:
         self.granularity = cleanup_granularity_ms
+        self.state_slots = state_slots
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.rules = handle.getValueState("rules", _TEXT)
-        self.history = handle.getMapState("history", _KEY, _BLOB)
+        self.history = HistoryStore(handle.getMapState("history", _KEY, _BLOB), self.state_slots)
+        self.layout = handle.getValueState("layout", _TEXT)
         self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
 
@@ -76,11 +137,21 @@ class RuleProcessor(StatefulProcessor):
     def _apply_rule_changes(self, changes: pd.DataFrame, report_errors: bool) -> list[dict]:
         book = self._book()
         errors: list[dict] = []
-        # Commit order; within one commit Delta emits at most one post-image per rule.
-        for row in changes.sort_values("commit_version", kind="stable").to_dict("records"):
+        records = changes.sort_values("commit_version", kind="stable").to_dict("records")
+        # A pre-image only matters when its rule id has no post-image in the same commit
+        # (UPDATE ... SET ruleId = 8 WHERE ruleId = 7): then rule 7 is gone.
+        kept_ids = {
+            (int(r["commit_version"]), _python(r["ruleId"])) for r in records if r["change_type"] == "update_postimage"
+        }
+        for row in records:
             body = {f: _python(row.get(f)) for f in RULE_FIELDS}
             version = int(row["commit_version"])
-            err = book.apply(str(row["change_type"]), body, version)
+            change = str(row["change_type"])
+            if change == "update_preimage":
+                if (version, body["ruleId"]) in kept_ids:
+                    continue
+                change = "delete"
+            err = book.apply(change, body, version)
             if err is not None and report_errors:
                 errors.append({
                     "kind": "rule_error", "rule_id": err.rule_id, "rule_version": version,
@@ -91,9 +162,16 @@ class RuleProcessor(StatefulProcessor):
         self._book_cache = (text, book)
         return errors
 
-    def _load(self, key: str) -> bytes | None:
-        value = self.history.getValue((key,))
-        return value[0] if value else None
+    def _check_layout(self) -> None:
+        wanted = f"slots={self.state_slots}"
+        stored = self.layout.get()
+        if stored is None:
+            self.layout.update((wanted,))
+        elif stored[0] != wanted:
+            raise ValueError(
+                f"this checkpoint's evaluator state was written with {stored[0]}, not {wanted}; "
+                "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
+            )
 
     def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
         # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
@@ -123,13 +201,12 @@ class RuleProcessor(StatefulProcessor):
             out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
         events = batch[~is_rule]
         if not events.empty:
+            self._check_layout()
             book = self._book()
-            result = evaluate_batch(events, book, self._load, timerValues.getCurrentWatermarkInMs())
+            result = evaluate_batch(events, book, self.history.get, timerValues.getCurrentWatermarkInMs())
             for state_key, blob in result.writes.items():
-                if blob is None:
-                    self.history.removeKey((state_key,))
-                else:
-                    self.history.updateValue((state_key,), (blob,))
+                self.history.put(state_key, blob)
+            self.history.flush()
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
         if out:
@@ -145,7 +222,7 @@ class RuleProcessor(StatefulProcessor):
         book = self._book()
         still_alive: dict[str, int] = {}
         for state_key in entry[0].split("\n") if entry else []:
-            blob = self._load(state_key)
+            blob = self.history.get(state_key)
             if blob is None:
                 continue
             cols, memory = decode_history(blob)
@@ -154,10 +231,11 @@ class RuleProcessor(StatefulProcessor):
             last = int(cols["eventTime"].max()) if len(cols["eventTime"]) else -(2**62)
             last = max([last, *(m["last_alert"] or last for m in memory.values())])
             if last + span < watermark:
-                self.history.removeKey((state_key,))
+                self.history.put(state_key, None)
             else:
                 # Touched again, or a wider rule arrived since it was indexed.
                 still_alive[state_key] = last + span
+        self.history.flush()
         self._index_expiry(still_alive, book)
         yield from ()
 

@@ -29,10 +29,13 @@ class GoldSettings:
     allowed_lateness: str = "1h"
     cleanup_granularity: str = "1m"
     max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
+    state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= 4096:
             raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
+        if not 0 <= self.state_slots <= 1_000_000:
+            raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
         parse_duration(self.allowed_lateness)
         parse_duration(self.cleanup_granularity)
 
@@ -65,7 +68,6 @@ def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSetti
         .option("readChangeFeed", "true")
         .option("startingVersion", 0)
         .load(lakehouse.rules)
-        .where(F.col("_change_type") != "update_preimage")
         # Underscore-led names do not survive the trip to pandas; rename them.
         .select(
             *schema.RULE_FIELDS,
@@ -82,7 +84,7 @@ def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings)
     stream = _events(spark, lakehouse, settings).unionByName(
         _rule_changes(spark, lakehouse, settings), allowMissingColumns=True
     )
-    processor = RuleProcessor(cleanup_granularity_ms=parse_duration(settings.cleanup_granularity))
+    processor = RuleProcessor(parse_duration(settings.cleanup_granularity), settings.state_slots)
     return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
 
 

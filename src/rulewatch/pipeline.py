@@ -17,7 +17,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rulewatch.bronze import start_bronze
 from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
-from rulewatch.rules_table import RuleChange, apply_rules_file
+from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
 from rulewatch.schema import BRONZE
 from rulewatch.silver import ensure_silver_tables, start_silver
 from rulewatch.sinks import ensure_table
@@ -121,6 +121,7 @@ def run_all(
     run_bronze(spark, lakehouse, landing, log)
     run_silver(spark, lakehouse, log)
     run_gold(spark, lakehouse, settings, log)
+    run_rule_history(spark, lakehouse)
     return changes, summarize(spark, lakehouse)
 
 
