@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle import oracle, parse_duration_ms  # noqa: E402
+from test_oracle import LOGIN_RULE, LOGIN_TABLE, login  # noqa: E402
+from test_oracle import login_events as oracle_login_events  # noqa: E402
 
 from rulewatch.engine import (  # noqa: E402
     KEY_SEPARATOR,
@@ -682,42 +684,8 @@ def test_reference_vector_window_bounds_inclusive():
         assert_same_alerts(d.alerts(), oracle(events, [r]))
 
 
-LOGIN_RULE = {
-    "ruleId": 7, "ruleState": "ACTIVE", "groupingKeyNames": ["ip"], "aggregateFieldName": "userId",
-    "aggregatorFunctionType": "UNIQUE_COUNT", "limitOperatorType": "GREATER_EQUAL", "limit": 5, "window": "1h",
-    "filter": {"action": "login"}, "reportNewValuesOnly": True,
-}  # fmt: skip
-
-# (minute, account, distinct accounts in last hour, reported accounts or None) — brief §4
-LOGIN_TABLE = [
-    (0, "user1", 1, None),
-    (1, "user2", 2, None),
-    (2, "user3", 3, None),
-    (3, "user4", 4, None),
-    (4, "user4", 4, None),
-    (5, "user5", 5, ["user1", "user2", "user3", "user4", "user5"]),
-    (6, "user6", 6, ["user6"]),
-    (7, "user3", 6, None),
-    (68, "user7", 1, None),
-    (69, "user1", 2, None),
-    (70, "user2", 3, None),
-    (71, "user3", 4, None),
-    (72, "user4", 5, ["user1", "user2", "user3", "user4", "user7"]),
-]
-
-
-def login(tid, t, user, ip="10.9.8.7", action="login"):
-    return {"transactionId": tid, "eventTime": t, "userId": user, "ip": ip, "action": action}
-
-
 def login_events():
-    events = [login(f"l{i:02d}", T0 + m * MIN, u) for i, (m, u, _, _) in enumerate(LOGIN_TABLE)]
-    events += [
-        login("x1", T0 + 5 * MIN, "user9", ip="10.0.0.1"),
-        login("x2", T0 + 5 * MIN, "user9", action="logout"),
-        {"transactionId": "x3", "eventTime": T0 + 5 * MIN, "userId": "user8", "action": "login"},
-    ]
-    return sort_events(events)
+    return sort_events(oracle_login_events())
 
 
 @pytest.mark.parametrize("lateness", [None, 0])

@@ -135,14 +135,20 @@ def login(tid, t, user, ip="10.9.8.7", action="login"):
     return {"transactionId": tid, "eventTime": t, "userId": user, "ip": ip, "action": action}
 
 
-def test_malicious_login_table_row_by_row():
+def login_events() -> list[dict]:
+    """The table's logins (ids l00, l01, ...) plus noise that must not change anything."""
     events = [login(f"l{i:02d}", T0 + m * MIN, u) for i, (m, u, _, _) in enumerate(LOGIN_TABLE)]
-    # noise that must not change anything: other ip, non-login action, login without ip
+    # other ip, non-login action, login without ip
     events += [
         login("x1", T0 + 5 * MIN, "user9", ip="10.0.0.1"),
         login("x2", T0 + 5 * MIN, "user9", action="logout"),
         {"transactionId": "x3", "eventTime": T0 + 5 * MIN, "userId": "user8", "action": "login"},
     ]
+    return events
+
+
+def test_malicious_login_table_row_by_row():
+    events = login_events()
     alerts = {a["transaction_id"]: a for a in oracle(events, [LOGIN_RULE])}
     for i, (m, user, distinct, reported) in enumerate(LOGIN_TABLE):
         tid = f"l{i:02d}"
