@@ -87,5 +87,16 @@ def test_rule_changes_reach_the_running_stream(spark, tmp_path):
         spark.sql(f"DELETE FROM {table_ref(lakehouse.rules)} WHERE ruleId = 2")
         assert step(("e8", 7, "9999")) == []
         assert query.isActive and query.exception() is None
+
+        # Restart safety: a rule added while the stream is down is the only one in force after it
+        # restarts; the deleted ones stay deleted. e8 arrived while no rule grouped by payeeId, so
+        # it was never keyed or kept: the new rule sees the history that was retained (no e8).
+        query.stop()
+        apply_rules(spark, lakehouse, [parse_rule({**RULE, "ruleId": 3, "limit": 6000})])
+        v3 = rules_version(spark, lakehouse)
+        query = start_gold(spark, lakehouse, GoldSettings(shards=4), available_now=False, processing_time="200 milliseconds")
+        assert step(("e9", 8, "1")) == [("e9", v3, Decimal("6053"))]
+        alerts = spark.read.format("delta").load(lakehouse.alerts).where("transaction_id = 'e9'").collect()
+        assert [a.rule_id for a in alerts] == [3]
     finally:
         query.stop()
