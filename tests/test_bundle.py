@@ -178,3 +178,69 @@ def test_bundle_files_match_the_databricks_cli_schema():
             error = jsonschema.exceptions.best_match([error])
             problems.append(f"{path.relative_to(ROOT)}: {'/'.join(map(str, error.absolute_path))}: {error.message}")
     assert not problems, "\n".join(problems)
+
+
+# ---- deployment settings: schedule, notifications, retries, compute, targets ------------------------
+
+ROOT_CONFIG = yaml.safe_load((ROOT / "databricks.yml").read_text())
+
+
+def _target_variables(target: str) -> dict[str, str]:
+    return dict((ROOT_CONFIG["targets"][target] or {}).get("variables") or {})
+
+
+def test_targets_dev_is_the_default_development_target_and_prod_is_production():
+    targets = ROOT_CONFIG["targets"]
+    assert targets["dev"]["mode"] == "development" and targets["dev"].get("default") is True
+    assert targets["prod"]["mode"] == "production"
+    assert targets["prod"]["workspace"]["root_path"].startswith("/Workspace/")
+    levels = {p.get("group_name"): p["level"] for p in targets["prod"]["permissions"]}
+    assert levels == {"fraud-analysts": "CAN_VIEW", "fraud-engineers": "CAN_MANAGE"}
+
+
+def test_no_workspace_host_or_secret_in_the_bundle():
+    for path in BUNDLE.files:
+        text = path.read_text()
+        assert "host:" not in text, f"{path.name}: the workspace host comes from the environment, not the repo"
+        for marker in ("dapi", "token:", "client_secret", "password"):
+            assert marker not in text.lower(), f"{path.name}: looks like a credential ({marker})"
+
+
+def test_wheel_artifact_is_built_from_this_project():
+    artifact = ROOT_CONFIG["artifacts"]["rulewatch_wheel"]
+    assert artifact["type"] == "whl" and artifact["path"] == "."
+    assert "dist" in artifact["build"]
+
+
+def test_variables_the_deploy_docs_describe_are_declared():
+    declared = ROOT_CONFIG["variables"]
+    for name in ("catalog", "schema", "lakehouse", "landing", "warehouse_id", "notification_emails", "schedule_pause_status"):
+        assert name in declared and declared[name].get("description"), f"variable {name} missing or undocumented"
+    # A list default is only accepted by the CLI on a variable declared complex.
+    assert declared["notification_emails"]["type"] == "complex" and declared["notification_emails"]["default"] == []
+
+
+@pytest.mark.parametrize("job_key", JOBS)
+def test_schedule_is_paused_in_dev_and_runs_in_prod(job_key):
+    schedule = BUNDLE.jobs[job_key].definition["schedule"]
+    assert schedule["quartz_cron_expression"] and schedule["timezone_id"]
+    assert load_bundle(ROOT, _target_variables("dev")).variables["schedule_pause_status"] == "PAUSED"
+    assert load_bundle(ROOT, _target_variables("prod")).variables["schedule_pause_status"] == "UNPAUSED"
+    assert schedule["pause_status"] == "${var.schedule_pause_status}"
+
+
+@pytest.mark.parametrize("job_key", JOBS)
+def test_failures_mail_the_notification_list(job_key):
+    assert BUNDLE.jobs[job_key].definition["email_notifications"]["on_failure"] == "${var.notification_emails}"
+
+
+@pytest.mark.parametrize(("job_key", "task_key"), TASKS)
+def test_every_task_retries_and_gets_the_wheel_on_a_declared_cluster(job_key, task_key):
+    definition = BUNDLE.jobs[job_key].definition
+    raw = next(t for t in definition["tasks"] if t["task_key"] == task_key)
+    assert raw["max_retries"] >= 1 and raw["min_retry_interval_millis"] >= 10_000
+    clusters = {c["job_cluster_key"]: c for c in definition.get("job_clusters", [])}
+    assert raw["job_cluster_key"] in clusters, f"{task_key}: job_cluster_key {raw.get('job_cluster_key')} is not declared"
+    assert {"whl": "../dist/*.whl"} in raw["libraries"], f"{task_key}: the notebooks import rulewatch; the wheel must be installed"
+    conf = clusters[raw["job_cluster_key"]]["new_cluster"]["spark_conf"]
+    assert conf["spark.sql.streaming.stateStore.providerClass"].endswith("RocksDBStateStoreProvider")

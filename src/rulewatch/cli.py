@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rulewatch.jobs import add_cli as add_job_cli
+from rulewatch.remote import add_cli as add_remote_cli
 from rulewatch.rules import RuleSetError
 from rulewatch.rules_cli import add_cli as add_rules_cli
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
     add_job_cli(sub)
+    add_remote_cli(sub)
     return parser
 
 

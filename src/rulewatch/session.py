@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -54,7 +55,13 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     # Spark Connect (as on Databricks serverless): "local[2]" starts a local Connect server with the
     # same settings; an "sc://..." URL connects to a running one.
-    builder = builder.remote(remote) if remote else builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
+    if remote:
+        # The local Connect server takes these at start-up; the client then also tries to set them
+        # as session confs and warns that static ones cannot change. Nothing is wrong: hush it.
+        warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
+        builder = builder.remote(remote)
+    else:
+        builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_delta_jars()))

@@ -1,0 +1,28 @@
+"""The whole job under Spark Connect (the API surface of Databricks serverless and databricks-connect)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import FIXTURES, ROOT
+
+
+@pytest.mark.spark
+def test_run_under_spark_connect_gives_the_fixture_alerts(tmp_path, expected_alerts):
+    env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lakehouse"),
+         "--transactions", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bronze = silver + quarantined + duplicates: ok" in result.stdout
+    per_rule = Counter(a["rule_id"] for a in expected_alerts)
+    for rule_id, count in per_rule.items():
+        assert f"rule {rule_id}: {count} alert(s)" in result.stdout
+    assert "Failed to set spark" not in result.stderr
