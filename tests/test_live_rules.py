@@ -24,10 +24,7 @@ def land(spark, lakehouse: Lakehouse, *events: tuple[str, int, str]) -> None:
     """Append (transaction id, minutes after T0, amount) payments of payee p1 straight to silver."""
     rows = [(tid, T0 + timedelta(minutes=m), "p1", Decimal(amount)) for tid, m, amount in events]
     df = spark.createDataFrame(rows, "transaction_id string, event_time timestamp, payee_id string, payment_amount decimal(18,2)")
-    for field in schema.SILVER.fields:
-        if field.name not in df.columns:
-            df = df.withColumn(field.name, F.lit(None).cast(field.dataType))
-    df.select(*schema.SILVER.fieldNames()).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+    schema.conform(df, schema.SILVER).write.format("delta").mode("append").save(lakehouse.silver_transactions)
 
 
 def rules_version(spark, lakehouse: Lakehouse) -> int:

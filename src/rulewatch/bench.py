@@ -12,17 +12,21 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from decimal import Decimal
+
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch import schema
-from rulewatch.gold import GoldSettings, _events, evaluated, ensure_gold_tables
+from rulewatch.gold import GoldSettings, _events, ensure_gold_tables, evaluated, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import parse_rules
 from rulewatch.rules_table import apply_rules
 from rulewatch.silver import ensure_silver_tables
+from rulewatch.sinks import table_ref
 
 BENCH_RULES = [
     {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
@@ -56,16 +60,8 @@ def generate(spark: SparkSession, lakehouse: Lakehouse, events: int, keys: int, 
             "payee_id": [f"p{k}" for k in rng.integers(0, keys, len(part))],
             "payment_amount": [f"{a / 100:.2f}" for a in rng.integers(100, 500_000, len(part))],
         })  # fmt: skip
-        df = spark.createDataFrame(frame).select(
-            "transaction_id",
-            F.col("event_time").cast("timestamp").alias("event_time"),
-            "payee_id",
-            F.col("payment_amount").cast(schema.MONEY).alias("payment_amount"),
-        )
-        for column in schema.SILVER.fieldNames():
-            if column not in df.columns:
-                df = df.withColumn(column, F.lit(None).cast(schema.SILVER[column].dataType))
-        df.select(*schema.SILVER.fieldNames()).coalesce(1).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+        df = schema.conform(spark.createDataFrame(frame), schema.SILVER)
+        df.coalesce(1).write.format("delta").mode("append").save(lakehouse.silver_transactions)
 
 
 def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
@@ -110,3 +106,61 @@ def bench(
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return results
+
+
+def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 milliseconds") -> list[float]:
+    """Seconds from a rule change's commit to the first alert evaluated with it, in continuous mode.
+
+    A thread lands one payment every 100 ms into silver while a continuous gold query runs; each
+    trial lowers a rule's limit so every event alerts, and times the first alert carrying the new
+    ``rule_version`` against that rules-table commit. The limit is raised again between trials.
+    """
+    import threading
+
+    root = tempfile.mkdtemp(prefix="rulewatch-propagation-")
+    lakehouse = Lakehouse(root)
+    ensure_silver_tables(spark, lakehouse)
+    quiet = {**BENCH_RULES[0], "limit": 10**15}
+    apply_rules(spark, lakehouse, parse_rules([quiet]))
+    query = start_gold(spark, lakehouse, GoldSettings(shards=4), available_now=False, processing_time=trigger)
+    stop = threading.Event()
+
+    def land() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            frame = spark.createDataFrame(
+                [(f"t{n}", datetime.now(timezone.utc).replace(tzinfo=None), "p1", Decimal("1.00"))],
+                "transaction_id string, event_time timestamp, payee_id string, payment_amount decimal(18,2)",
+            )
+            schema.conform(frame, schema.SILVER).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+            stop.wait(0.1)
+
+    lander = threading.Thread(target=land, daemon=True)
+    lander.start()
+    latencies: list[float] = []
+    try:
+        time.sleep(5)  # let the stream warm up
+        for trial in range(trials):
+            apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": 0}]))
+            history = spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)} LIMIT 1").first()
+            version, committed = history["version"], history["timestamp"]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                first = (
+                    spark.read.format("delta").load(lakehouse.alerts)
+                    .where(F.col("rule_version") == version)
+                    .agg(F.min("decision_time")).first()[0]
+                )  # fmt: skip
+                if first is not None:
+                    latencies.append((first - committed).total_seconds())
+                    break
+                time.sleep(0.05)
+            apply_rules(spark, lakehouse, parse_rules([quiet]))
+            time.sleep(1)
+    finally:
+        stop.set()
+        lander.join()
+        query.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return latencies

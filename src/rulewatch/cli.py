@@ -44,6 +44,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rulewatch.session import get_spark
 
     spark = get_spark("rulewatch-bench")
+    if args.rule_propagation:
+        from rulewatch.bench import rule_propagation
+
+        print(f"rulewatch bench: rule change -> first alert with it, continuous mode, {args.rule_propagation} trials")
+        latencies = sorted(rule_propagation(spark, args.rule_propagation))
+        for seconds in latencies:
+            print(f"  {seconds:6.2f}s")
+        if latencies:
+            print(f"  median {latencies[len(latencies) // 2]:.2f}s, max {latencies[-1]:.2f}s")
+        return 0 if len(latencies) == args.rule_propagation else 1
     print(f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, {args.shards} shards")
     results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots)
     floor = results[0].rate
@@ -71,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-events", type=int, default=50_000)
     bench.add_argument("--shards", type=int, default=16)
     bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
+    bench.add_argument("--rule-propagation", type=int, metavar="TRIALS", help="instead: time rule changes reaching a running stream")
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
     add_job_cli(sub)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType, BooleanType, DecimalType, IntegerType, LongType, MapType, StringType, StructField, StructType,
     TimestampType,
@@ -150,3 +152,10 @@ RULE_HISTORY = StructType([
     StructField("before", StringType()),
     StructField("after", StringType()),
 ])  # fmt: skip
+
+
+def conform(df: DataFrame, schema: StructType) -> DataFrame:
+    """``df`` with ``schema``'s columns in order; the ones it lacks become typed nulls."""
+    return df.select(
+        *[(F.col(f.name) if f.name in df.columns else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields]
+    )
