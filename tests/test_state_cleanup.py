@@ -1,0 +1,53 @@
+"""Idle keys leave the RocksDB state once the watermark passes their retention (event-time timers)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from rulewatch import schema
+from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.rules import parse_rule
+from rulewatch.rules_table import apply_rules
+from rulewatch.silver import ensure_silver_tables
+
+T0 = datetime(2026, 11, 1, 10)
+RULE = {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "SUM", "limitOperatorType": ">", "limit": 10**9, "window": "1h"}  # fmt: skip
+
+
+def _land(spark, lakehouse: Lakehouse, rows: list[tuple[str, int, str]]) -> None:
+    df = spark.createDataFrame(
+        [(tid, T0 + timedelta(minutes=m), payee, Decimal(1)) for tid, m, payee in rows],
+        "transaction_id string, event_time timestamp, payee_id string, payment_amount decimal(18,2)",
+    )
+    schema.conform(df, schema.SILVER).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+
+
+def _state_rows(spark, lakehouse: Lakehouse) -> tuple[int, int]:
+    """(state rows at the end, rows removed over the run) of the evaluator's stateful operator."""
+    query = start_gold(spark, lakehouse, GoldSettings(shards=2))
+    query.awaitTermination()
+    operators = [p["stateOperators"][0] for p in query.recentProgress]
+    return operators[-1]["numRowsTotal"], sum(op["numRowsRemoved"] for op in operators)
+
+
+@pytest.mark.spark
+def test_idle_keys_are_purged_and_active_keys_kept(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_silver_tables(spark, lakehouse)
+    apply_rules(spark, lakehouse, [parse_rule(RULE)])
+    _land(spark, lakehouse, [(f"a{i}", 0, f"k{i}") for i in range(100)])
+    filled, _ = _state_rows(spark, lakehouse)
+    assert filled >= 100  # one history entry per key, plus rules and expiry index
+    # Three hours later one other key is active: with a 1 h window and 1 h lateness the 100 old
+    # keys hold nothing any event can still need, so their timers delete them.
+    _land(spark, lakehouse, [("z1", 180, "z")])
+    _, removed_first = _state_rows(spark, lakehouse)
+    _land(spark, lakehouse, [("z2", 181, "z")])
+    remaining, removed_then = _state_rows(spark, lakehouse)
+    assert removed_first + removed_then >= 100
+    assert remaining < 10
