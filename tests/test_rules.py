@@ -416,3 +416,11 @@ def test_count_flink_field_with_max_is_rejected():
     with pytest.raises(RuleError, match="aggregatorFunctionType"):
         parse_rule({"ruleId": 9, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "COUNT_FLINK",
                     "aggregatorFunctionType": "MAX", "limitOperatorType": ">", "limit": 3, "windowMinutes": 5})
+
+
+def test_a_deletion_only_needs_the_rule_id():
+    rules = parse_rules('[{"ruleId": 9, "ruleState": "DELETE"}]')
+    assert [(r.rule_id, r.state) for r in rules] == [(9, RuleState.DELETE)]
+    assert rules[0].to_json() == {"ruleId": 9, "ruleState": "DELETE"}
+    with pytest.raises(RuleError, match="groupingKeyNames"):
+        parse_rule({"ruleId": 9, "ruleState": "PAUSE"})  # only deletions may omit the rule body

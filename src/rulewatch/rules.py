@@ -161,6 +161,8 @@ class Rule:
 
     def to_json(self) -> dict[str, Any]:
         """The rule in reference JSON names; parse_rule(rule.to_json()) == rule."""
+        if self == deletion(self.rule_id):
+            return {"ruleId": self.rule_id, "ruleState": RuleState.DELETE.value}
         out: dict[str, Any] = {
             "ruleId": self.rule_id,
             "ruleState": self.state.value,
@@ -257,6 +259,12 @@ def _scalar_text(value: object) -> str | None:
     return None
 
 
+def deletion(rule_id: int) -> Rule:
+    """``{"ruleId": N, "ruleState": "DELETE"}``: a deletion only has to name the rule; the other
+    fields are placeholders that nothing evaluates."""
+    return Rule(rule_id, RuleState.DELETE, (), "transactionId", Aggregator.COUNT, Operator.GREATER, Decimal(0), 1, ())
+
+
 def parse_rule(obj: Mapping[str, Any]) -> Rule:
     """Validate one decoded JSON rule object; raises RuleError on the first problem."""
     if not isinstance(obj, Mapping):
@@ -295,6 +303,8 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
         raise fail(str(unknown[0]), f"is not a rule field; allowed: {', '.join(_RULE_FIELDS)}")
 
     state = pick("ruleState", _STATES, _ALLOWED_STATES) if "ruleState" in obj else RuleState.ACTIVE
+    if state is RuleState.DELETE and set(obj) <= {"ruleId", "ruleState", "description"}:
+        return deletion(rule_id)
 
     keys_allowed = f"a non-empty list of distinct names from {_ALLOWED_FIELDS}"
     keys = required("groupingKeyNames", keys_allowed)
