@@ -338,21 +338,30 @@ def _api_errors() -> tuple[type[BaseException], ...]:
     return (DatabricksError,)
 
 
-def cmd_remote_run(args: argparse.Namespace) -> int:
-    """``remote run``: 0 when the run succeeded (or was started with --no-follow), 1 otherwise, 2 on bad setup."""
+def _guarded(action: Callable[[], int]) -> int:
+    """Run a remote command: 2 for bad input or no auth, 1 when the workspace says it failed."""
     try:
-        client = workspace_client(args.profile)
-    except RemoteAuthError as err:
+        return action()
+    except (RemoteAuthError, ValueError) as err:
         _fail(str(err))
         return 2
-    try:
-        return run_job(args.job, dict(args.param), follow=args.follow, client=client, poll_seconds=args.poll_seconds)
     except RemoteError as err:
         _fail(str(err))
         return 1
     except _api_errors() as err:
         _fail(f"Databricks API: {err}")
         return 1
+
+
+def cmd_remote_run(args: argparse.Namespace) -> int:
+    """``remote run``: 0 when the run succeeded (or was started with --no-follow), 1 otherwise, 2 on bad setup."""
+
+    def run() -> int:
+        client = workspace_client(args.profile)
+        return run_job(args.job, dict(args.param), follow=args.follow, client=client, poll_seconds=args.poll_seconds)
+
+    try:
+        return _guarded(run)
     except KeyboardInterrupt:
         _fail("stopped following; the run goes on in the workspace (cancel it there or with `databricks jobs cancel-run`)")
         return 130
@@ -360,34 +369,21 @@ def cmd_remote_run(args: argparse.Namespace) -> int:
 
 def cmd_remote_alerts(args: argparse.Namespace) -> int:
     """``remote alerts``: print the newest alerts; 0 on success, 1 on a failed query, 2 on bad input or setup."""
-    try:
-        alerts_statement(args.catalog, args.schema, args.volume)
+
+    def fetch() -> int:
+        alerts_statement(args.catalog, args.schema, args.volume)  # reject bad identifiers before any auth
         client = workspace_client(args.profile)
-    except ValueError as err:
-        _fail(str(err))
-        return 2
-    except RemoteAuthError as err:
-        _fail(str(err))
-        return 2
-    try:
         rows = latest_alerts(args.warehouse_id, args.catalog, args.schema, args.limit, volume=args.volume, client=client)
-    except ValueError as err:
-        _fail(str(err))
-        return 2
-    except RemoteError as err:
-        _fail(str(err))
-        return 1
-    except _api_errors() as err:
-        _fail(f"Databricks API: {err}")
-        return 1
-    print(f"{len(rows)} newest alerts in /Volumes/{args.catalog}/{args.schema}/{args.volume}/gold/alerts")
-    for row in rows:
-        print(
-            f"  rule {row.get('rule_id')}  key {row.get('group_key') or '':<22} txn {row.get('transaction_id') or '':<10} "
-            f"{row.get('event_time')}  {row.get('aggregate_value')} {row.get('operator')} {row.get('limit')}  "
-            f"({row.get('event_count')} events)"
-        )
-    return 0
+        print(f"{len(rows)} newest alerts in /Volumes/{args.catalog}/{args.schema}/{args.volume}/gold/alerts")
+        for row in rows:
+            print(
+                f"  rule {row.get('rule_id')}  key {row.get('group_key') or '':<22} txn {row.get('transaction_id') or '':<10} "
+                f"{row.get('event_time')}  {row.get('aggregate_value')} {row.get('operator')} {row.get('limit')}  "
+                f"({row.get('event_count')} events)"
+            )
+        return 0
+
+    return _guarded(fetch)
 
 
 def _positive_int(text: str) -> int:
