@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rulewatch.jobs import add_cli as add_job_cli
+from rulewatch.lakehouse import LakehouseBusy
 from rulewatch.remote import add_cli as add_remote_cli
 from rulewatch.rules import RuleSetError
 from rulewatch.rules_cli import add_cli as add_rules_cli
@@ -14,7 +15,7 @@ from rulewatch.rules_cli import add_cli as add_rules_cli
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from rulewatch.gold import GoldSettings
-    from rulewatch.lakehouse import Lakehouse
+    from rulewatch.lakehouse import Lakehouse, exclusive
     from rulewatch.pipeline import latest_alerts, run_all
     from rulewatch.session import get_spark
 
@@ -23,10 +24,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
         return 2
     settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness)
-    spark = get_spark()
     lakehouse = Lakehouse(args.lakehouse)
-    print(f"rulewatch: lakehouse {lakehouse.root}")
-    _, summary = run_all(spark, lakehouse, str(landing.resolve()), args.rules, settings)
+    with exclusive(lakehouse):
+        spark = get_spark()
+        print(f"rulewatch: lakehouse {lakehouse.root}")
+        _, summary = run_all(spark, lakehouse, str(landing.resolve()), args.rules, settings)
     print("\n".join(summary.lines()))
     if summary.alerts:
         print("alerts (first 20 by event time):")
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except RuleSetError as err:
+    except (RuleSetError, LakehouseBusy) as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
 

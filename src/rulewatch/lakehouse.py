@@ -6,8 +6,13 @@ checkpoints sit beside them under ``<root>/_checkpoints``.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -63,3 +68,39 @@ class Lakehouse:
     @property
     def late_events(self) -> str:
         return self.table("gold", "late_events")
+
+
+class LakehouseBusy(RuntimeError):
+    """Another process is running the pipeline on the same lakehouse."""
+
+
+@contextmanager
+def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
+    """Hold the lakehouse for one run: a second run fails fast instead of racing on the checkpoints.
+
+    A local lakehouse only (an OS file lock); on Databricks the job's ``max_concurrent_runs: 1``
+    plays this part.
+    """
+    if "://" in lakehouse.root:
+        yield
+        return
+    Path(lakehouse.root).mkdir(parents=True, exist_ok=True)
+    path = Path(lakehouse.root, "_lock")
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise LakehouseBusy(
+                f"lakehouse {lakehouse.root} is in use by {holder}; wait for that run to finish or stop it "
+                "(two runs on one lakehouse would race on its checkpoints)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
