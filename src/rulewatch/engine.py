@@ -240,8 +240,13 @@ def evaluate_batch(
         else:
             history = {name: col[first:last] for name, col in cols.items()}
         writes[key] = encode_history(history, memory)
-        expiry[key] = min(int(times[-1]) + max(retention, memory_span), MAX_SPAN_MS)
+        expiry[key] = key_expiry(int(times[-1]), retention, memory_span)
     return BatchResult(rows, writes, expiry)
+
+
+def key_expiry(last_ms: int, retention_ms: int, memory_ms: int) -> int:
+    """Event time after which a key whose newest event or memory is ``last_ms`` holds nothing useful."""
+    return min(last_ms + max(retention_ms, memory_ms), MAX_SPAN_MS)
 
 
 def _horizon(watermark_ms: int, span_ms: int) -> int:

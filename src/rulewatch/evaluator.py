@@ -24,7 +24,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch
+from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry
 from rulewatch.schema import RULE_FIELDS
 from rulewatch.windows import MAX_SPAN_MS
 
@@ -227,14 +227,14 @@ class RuleProcessor(StatefulProcessor):
                 continue
             cols, memory = decode_history(blob)
             keyset = state_key.split(KEY_SEPARATOR, 1)[0]
-            span = max(book.retention_ms(keyset), book.memory_ms(keyset))
             last = int(cols["eventTime"].max()) if len(cols["eventTime"]) else -(2**62)
             last = max([last, *(m["last_alert"] or last for m in memory.values())])
-            if last + span < watermark:
+            expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
+            if expires < watermark:
                 self.history.put(state_key, None)
             else:
                 # Touched again, or a wider rule arrived since it was indexed.
-                still_alive[state_key] = last + span
+                still_alive[state_key] = expires
         self.history.flush()
         self._index_expiry(still_alive, book)
         yield from ()
