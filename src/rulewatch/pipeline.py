@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.bronze import start_bronze
+from rulewatch.checkpoints import check_checkpoint
 from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
@@ -42,14 +43,25 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> None:
     ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    check_checkpoint(lakehouse.checkpoint("bronze"), "bronze", [lakehouse.bronze_transactions])
     _run(start_bronze(spark, landing, lakehouse), "bronze", log)
 
 
 def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print) -> None:
+    check_checkpoint(
+        lakehouse.checkpoint("silver"),
+        "silver",
+        [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates],
+    )
     _run(start_silver(spark, lakehouse), "silver", log)
 
 
 def run_gold(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings = GoldSettings(), log: Log = print) -> None:
+    check_checkpoint(
+        lakehouse.checkpoint("gold"),
+        "gold",
+        [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors],
+    )
     _run(start_gold(spark, lakehouse, settings), "gold", log)
 
 

@@ -7,6 +7,9 @@ for that (sink, batch) and a replayed batch neither loses nor duplicates a row.
 
 from __future__ import annotations
 
+import os
+import signal
+
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -37,8 +40,20 @@ def ensure_table(
     )
 
 
+# Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.
+# "rulewatch.gold.alerts:1:after", SIGKILLs this process at that point of that write. A kill is the
+# harshest failure (no finally, no shutdown hook), so surviving it covers every softer one.
+CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
+
+
+def _crash_point(sink: str, batch_id: int, moment: str) -> None:
+    if os.environ.get(CRASH_AT_ENV) == f"{sink}:{batch_id}:{moment}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def append_once(df: DataFrame, path: str, sink: str, batch_id: int) -> None:
     """Append ``df`` to the table at ``path`` unless batch ``batch_id`` of ``sink`` already did."""
+    _crash_point(sink, batch_id, "before")
     (
         df.write.format("delta")
         .mode("append")
@@ -46,6 +61,7 @@ def append_once(df: DataFrame, path: str, sink: str, batch_id: int) -> None:
         .option("txnVersion", batch_id)
         .save(path)
     )
+    _crash_point(sink, batch_id, "after")
 
 
 def batch_column(name: str, batch_id: int) -> Column:
