@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.metrics import ensure_metrics_table, record
 from rulewatch.session import is_databricks
 from rulewatch.sinks import append_once
 
@@ -33,8 +36,14 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
     # Numbered here, in batch context (streams cannot), so "first occurrence wins" follows the
     # order of lines within a file.
-    numbered = batch.withColumn("ingest_seq", F.monotonically_increasing_id())
-    append_once(numbered, lakehouse.bronze_transactions, "rulewatch.bronze.transactions", batch_id)
+    started = time.time()
+    numbered = batch.withColumn("ingest_seq", F.monotonically_increasing_id()).persist()
+    try:
+        lines = numbered.count()
+        append_once(numbered, lakehouse.bronze_transactions, "rulewatch.bronze.transactions", batch_id)
+        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, rows_in=lines, rows_out=lines)
+    finally:
+        numbered.unpersist()
 
 
 def start_bronze(
@@ -45,6 +54,7 @@ def start_bronze(
     processing_time: str | None = None,
 ) -> StreamingQuery:
     """Append landed lines to ``bronze/transactions``, idempotently per micro-batch."""
+    ensure_metrics_table(spark, lakehouse)
     writer = (
         read_landing(spark, landing)
         .writeStream.queryName("rulewatch_bronze")

@@ -33,13 +33,15 @@ HISTORY_COLUMNS = ("eventTime", "transactionId", *STRING_FIELDS, *NUMERIC_FIELDS
 OUTPUT_COLUMNS = [
     "kind", "rule_id", "rule_version", "keyset", "group_key", "transaction_id", "event_ms",
     "aggregate_value", "limit_value", "operator", "aggregator", "window_start_ms", "window_end_ms",
-    "event_count", "max_aggregate", "distinct_values", "detail",
+    "event_count", "max_aggregate", "distinct_values", "detail", "key_values", "ingest_ms",
+    "keys_touched", "state_rows", "state_bytes", "active_rules",
 ]  # fmt: skip
 OUTPUT_SCHEMA = (
     "kind string, rule_id int, rule_version long, keyset string, group_key string, transaction_id string, "
     "event_ms long, aggregate_value string, limit_value string, operator string, aggregator string, "
     "window_start_ms long, window_end_ms long, event_count long, max_aggregate string, "
-    "distinct_values array<string>, detail string"
+    "distinct_values array<string>, detail string, key_values array<string>, ingest_ms long, "
+    "keys_touched long, state_rows long, state_bytes long, active_rules int"
 )
 
 
@@ -207,10 +209,14 @@ def evaluate_batch(
     group = np.concatenate(group_parts)
     is_new = np.zeros(len(group), dtype=bool)
     is_new[n_old:] = True
+    # When each event reached bronze: only new events can fire, so it is carried, never stored.
+    ingest = np.zeros(len(group), dtype=np.int64)
+    if "ingestTime" in events:
+        ingest[n_old:] = events["ingestTime"].fillna(0).to_numpy(np.int64)
     _, id_rank = np.unique(cols["transactionId"].astype(str), return_inverse=True)
     order = np.lexsort((id_rank, cols["eventTime"], group))
     cols = {name: col[order] for name, col in cols.items()}
-    group, is_new = group[order], is_new[order]
+    group, is_new, ingest = group[order], is_new[order], ingest[order]
 
     keyset_of_group = np.array(key_keyset, dtype=object)[group]
     for keyset, rules in book.active_by_keyset().items():
@@ -218,7 +224,7 @@ def evaluate_batch(
         if not in_keyset.any():
             continue
         for rule, version in rules:
-            rows.extend(_evaluate_rule(rule, version, in_keyset, cols, group, is_new, key_group, memories))
+            rows.extend(_evaluate_rule(rule, version, in_keyset, cols, group, is_new, ingest, key_group, memories))
 
     writes: dict[str, bytes | None] = {}
     expiry: dict[str, int] = {}
@@ -295,6 +301,7 @@ def _evaluate_rule(
     cols: Mapping[str, np.ndarray],
     group: np.ndarray,
     is_new: np.ndarray,
+    ingest: np.ndarray,
     key_group: list[str],
     memories: list[dict],
 ) -> Iterable[dict]:
@@ -312,6 +319,7 @@ def _evaluate_rule(
     value_scale = scale if rule.aggregator not in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) else 0
     holds = compare(rule.operator, agg, rule.limit, value_scale, rule.aggregator)
     tids = cols["transactionId"][idx]
+    ingest_ms = ingest[idx]
     common = {
         "rule_id": rule.rule_id, "rule_version": version, "keyset": rule.keyset,
         "limit_value": str(rule.limit), "operator": rule.operator.value, "aggregator": rule.aggregator.value,
@@ -342,6 +350,10 @@ def _evaluate_rule(
             "aggregate_value": str(to_decimal(rule.aggregator, agg, j, value_scale)),
             "window_start_ms": start, "window_end_ms": now, "event_count": int(agg.count[j]),
             "distinct_values": distinct[:MAX_REPORTED_VALUES] if distinct is not None else None,
+            "detail": rule.description or None,
+            # The key's parts are the triggering event's own grouping values.
+            "key_values": [_field_text(cols, name)[idx[p]] for name in rule.grouping_keys],
+            "ingest_ms": int(ingest_ms[p]) or None,
         })  # fmt: skip
     out.extend(_metrics(rule, common, agg, pos, g, t, value_scale, key_group))
     return out

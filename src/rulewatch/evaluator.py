@@ -70,6 +70,8 @@ class HistoryStore:
         self.slots = slots
         self._loaded: dict[str, dict[str, bytes]] = {}
         self._dirty: set[str] = set()
+        self.rows_written = 0
+        self.bytes_written = 0
 
     def _slot(self, key: str) -> str:
         return f"#slot{zlib.crc32(key.encode()) % self.slots}"
@@ -92,6 +94,8 @@ class HistoryStore:
                 self.state.removeKey((key,))
             else:
                 self.state.updateValue((key,), (blob,))
+                self.rows_written += 1
+                self.bytes_written += len(blob)
             return
         slot = self._slot(key)
         entries = self._slot_entries(slot)
@@ -105,7 +109,10 @@ class HistoryStore:
         for slot in self._dirty:
             entries = self._loaded[slot]
             if entries:
-                self.state.updateValue((slot,), (pickle.dumps(entries, protocol=5),))
+                blob = pickle.dumps(entries, protocol=5)
+                self.state.updateValue((slot,), (blob,))
+                self.rows_written += 1
+                self.bytes_written += len(blob)
             else:
                 self.state.removeKey((slot,))
         self._loaded.clear()
@@ -204,13 +211,24 @@ class RuleProcessor(StatefulProcessor):
             self._check_layout()
             book = self._book()
             result = evaluate_batch(events, book, self.history.get, timerValues.getCurrentWatermarkInMs())
+            self.history.rows_written = self.history.bytes_written = 0
             for state_key, blob in result.writes.items():
                 self.history.put(state_key, blob)
             self.history.flush()
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
+            out.append(self._stats(len(events), len(result.writes), book))
         if out:
             yield _frame(out)
+
+    def _stats(self, events: int, keys_touched: int, book: RuleBook) -> dict:
+        """What this call did, summed over shards into gold/pipeline_metrics."""
+        return {
+            "kind": "stats", "event_count": events, "keys_touched": keys_touched,
+            "state_rows": self.history.rows_written, "state_bytes": self.history.bytes_written,
+            "active_rules": sum(len(rules) for rules in book.active_by_keyset().values()),
+            "rule_version": max((version for _, version in book.rules.values()), default=None),
+        }  # fmt: skip
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo

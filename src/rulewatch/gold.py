@@ -7,7 +7,9 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -18,6 +20,7 @@ from rulewatch.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.evaluator import RuleProcessor
 from rulewatch.keying import fan_out, keysets
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
 from rulewatch.sinks import append_once, batch_column, ensure_table
@@ -56,6 +59,7 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
         "keyset",
         "group_key",
         F.unix_millis("event_time").alias("eventTime"),
+        F.unix_millis("ingest_time").alias("ingestTime"),
         *[F.col(c).alias(f) for f, c in schema.FIELD_COLUMNS.items() if f != "paymentAmount"],
         F.coalesce(amount_units, F.lit(0)).alias("paymentAmount"),
         F.col("payment_amount").isNull().alias("paymentAmount_null"),
@@ -92,18 +96,26 @@ def _ts(col: str) -> F.Column:
     return F.timestamp_millis(F.col(col))
 
 
-def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+StateTotals = Callable[[], tuple[int | None, int | None]]
+
+
+def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_totals: StateTotals | None = None) -> None:
     """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
+    started = time.time()
     out = out.persist()
     try:
         batch = batch_column("gold_batch_id", batch_id)
+        decision = F.current_timestamp()
         alerts = out.where("kind = 'alert'").select(
             F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
             "rule_id",
             "rule_version",
+            F.col("detail").alias("rule_description"),
             "group_key",
+            F.map_from_arrays(F.split("keyset", ","), "key_values").alias("key_parts"),
             "transaction_id",
             _ts("event_ms").alias("event_time"),
+            _ts("ingest_ms").alias("ingest_time"),
             "aggregator",
             F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
             F.col("limit_value").cast("decimal(38,10)").alias("limit"),
@@ -112,7 +124,8 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
             _ts("window_end_ms").alias("window_end"),
             "event_count",
             "distinct_values",
-            F.current_timestamp().alias("decision_time"),
+            decision.alias("decision_time"),
+            (F.unix_millis(decision) - F.col("ingest_ms")).alias("latency_ms"),
             batch,
         )
         metrics = out.where("kind = 'metric'").select(
@@ -143,8 +156,57 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
         append_once(metrics, lakehouse.window_metrics, "rulewatch.gold.window_metrics", batch_id)
         append_once(late, lakehouse.late_events, "rulewatch.gold.late_events", batch_id)
         append_once(errors, lakehouse.rule_errors, "rulewatch.gold.rule_errors", batch_id)
+        _record_metrics(out, batch_id, lakehouse, started, state_totals)
     finally:
         out.unpersist()
+
+
+def _record_metrics(out: DataFrame, batch_id: int, lakehouse: Lakehouse, started: float, state_totals: StateTotals | None) -> None:
+    committed_ms = round(time.time() * 1000)
+    fired = out.where("kind = 'alert'").select("ingest_ms", "event_ms").collect()
+    counts = (
+        out.groupBy()
+        .agg(
+            _total(F.when(F.col("kind") == "stats", F.col("event_count"))).alias("rows_in"),
+            F.count(F.when(F.col("kind") == "late", 1)).alias("late_events"),
+            _total("keys_touched").alias("keys_touched"),
+            _total("state_rows").alias("state_rows_written"),
+            _total("state_bytes").alias("state_bytes_written"),
+            F.max("active_rules").alias("active_rules"),
+            F.max(F.when(F.col("kind") == "stats", F.col("rule_version"))).alias("rules_version"),
+        )
+        .first()
+        .asDict()
+    )
+    rows_total, bytes_total = state_totals() if state_totals else (None, None)
+    record(
+        out.sparkSession, lakehouse, "gold", batch_id, started,
+        **counts,
+        rows_out=len(fired),
+        alerts=len(fired),
+        state_rows_total=rows_total,
+        state_bytes_total=bytes_total,
+        **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
+    )  # fmt: skip
+
+
+def _total(col: str | F.Column) -> F.Column:
+    return F.coalesce(F.sum(col), F.lit(0)).cast("long")
+
+
+def _state_totals_of(holder: dict) -> StateTotals:
+    """State size as of the query's last finished batch (the running batch has not reported yet).
+
+    Only a classic session can see its query from inside ``foreachBatch``; elsewhere: unknown."""
+
+    def totals() -> tuple[int | None, int | None]:
+        progress = holder["query"].lastProgress if "query" in holder else None
+        if not progress:
+            return None, None
+        operators = progress.get("stateOperators") or []
+        return sum(op.get("numRowsTotal", 0) for op in operators), sum(op.get("memoryUsedBytes", 0) for op in operators)
+
+    return totals
 
 
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
@@ -153,6 +215,7 @@ def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
     ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
     ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
+    ensure_metrics_table(spark, lakehouse)
 
 
 def start_gold(
@@ -163,11 +226,14 @@ def start_gold(
     processing_time: str | None = None,
 ) -> StreamingQuery:
     ensure_gold_tables(spark, lakehouse)
+    holder: dict = {}
+    totals = _state_totals_of(holder)
     writer = (
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
-    return writer.start()
+    holder["query"] = writer.start()
+    return holder["query"]

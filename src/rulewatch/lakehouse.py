@@ -69,6 +69,14 @@ class Lakehouse:
     def late_events(self) -> str:
         return self.table("gold", "late_events")
 
+    @property
+    def pipeline_metrics(self) -> str:
+        return self.table("gold", "pipeline_metrics")
+
+    @property
+    def rule_commands(self) -> str:
+        return self.table("config", "rule_commands")
+
 
 class LakehouseBusy(RuntimeError):
     """Another process is running the pipeline on the same lakehouse."""

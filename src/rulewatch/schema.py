@@ -94,9 +94,12 @@ ALERTS = StructType([
     StructField("alert_id", StringType(), False),
     StructField("rule_id", IntegerType(), False),
     StructField("rule_version", LongType()),
+    StructField("rule_description", StringType()),
     StructField("group_key", StringType()),
+    StructField("key_parts", MapType(StringType(), StringType())),
     StructField("transaction_id", StringType()),
     StructField("event_time", TimestampType()),
+    StructField("ingest_time", TimestampType()),
     StructField("aggregator", StringType()),
     StructField("aggregate_value", AGGREGATE),
     StructField("limit", DecimalType(38, 10)),
@@ -106,6 +109,7 @@ ALERTS = StructType([
     StructField("event_count", LongType()),
     StructField("distinct_values", ArrayType(StringType())),
     StructField("decision_time", TimestampType()),
+    StructField("latency_ms", LongType()),
     StructField("gold_batch_id", LongType()),
 ])  # fmt: skip
 
@@ -139,6 +143,35 @@ RULE_ERRORS = StructType([
     StructField("field", StringType()),
     StructField("reason", StringType()),
     StructField("gold_batch_id", LongType()),
+])  # fmt: skip
+
+# gold/pipeline_metrics: one row per micro-batch of each layer. Latencies are gold-only: from the
+# bronze ingest time (and from the event time) of each alert's event to the commit of its alerts.
+PIPELINE_METRICS = StructType([
+    StructField("layer", StringType(), False),  # bronze | silver | gold
+    StructField("batch_id", LongType(), False),
+    StructField("batch_start", TimestampType()),
+    StructField("batch_end", TimestampType()),
+    StructField("processing_ms", LongType()),
+    StructField("rows_in", LongType()),
+    StructField("rows_out", LongType()),
+    StructField("quarantined", LongType()),
+    StructField("duplicates", LongType()),
+    StructField("alerts", LongType()),
+    StructField("late_events", LongType()),
+    StructField("latency_p50_ms", LongType()),
+    StructField("latency_p95_ms", LongType()),
+    StructField("latency_p99_ms", LongType()),
+    StructField("latency_max_ms", LongType()),
+    StructField("event_latency_p50_ms", LongType()),
+    StructField("event_latency_p99_ms", LongType()),
+    StructField("keys_touched", LongType()),
+    StructField("state_rows_written", LongType()),
+    StructField("state_bytes_written", LongType()),
+    StructField("state_rows_total", LongType()),
+    StructField("state_bytes_total", LongType()),
+    StructField("active_rules", IntegerType()),
+    StructField("rules_version", LongType()),
 ])  # fmt: skip
 
 # gold/rule_history: one row per change of config/rules, built from its change data feed.
