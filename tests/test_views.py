@@ -1,0 +1,207 @@
+"""Dashboard views and every dashboard widget, run for real over the gold tables of a fixture pipeline run.
+
+Locally the dashboard's datasets (unqualified view names, as on Databricks where the bundle sets
+their catalog and schema) resolve to the temp views ``register_views`` creates; each widget's
+query is then run the way Lakeview runs it: its field expressions over the dataset, grouped by the
+fields that are not aggregates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from datetime import datetime
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import Row
+
+from conftest import ROOT
+from rulewatch import schema
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.views import VIEW_NAMES, catalog_view_statements, register_views
+
+pytestmark = pytest.mark.spark
+
+DASHBOARD = json.loads((ROOT / "resources" / "rulewatch.lvdash.json").read_text())
+DATASETS = {d["name"]: "".join(d["queryLines"]) for d in DASHBOARD["datasets"]}
+WIDGETS = [
+    (page["name"], item["widget"]) for page in DASHBOARD["pages"] for item in page["layout"] if "queries" in item["widget"]
+]
+_AGGREGATE = re.compile(r"^\s*(SUM|COUNT|AVG|MIN|MAX|MEDIAN)\s*\(", re.IGNORECASE)
+
+
+def widget_sql(query: dict) -> str:
+    """The SQL Lakeview runs for one widget query: its fields over the dataset, aggregated unless disaggregated."""
+    fields = query["fields"]
+    select = ", ".join(f"{f['expression']} AS `{f['name']}`" for f in fields)
+    sql = f"SELECT {select} FROM ({DATASETS[query['datasetName']]}) AS dataset"
+    groups = [f["expression"] for f in fields if not _AGGREGATE.match(f["expression"])]
+    if not query.get("disaggregated") and groups and len(groups) < len(fields):
+        sql += " GROUP BY " + ", ".join(groups)
+    return sql
+
+
+def _field_names(node) -> set[str]:
+    if isinstance(node, dict):
+        own = {node["fieldName"]} if "fieldName" in node else set()
+        return own | {n for v in node.values() for n in _field_names(v)}
+    if isinstance(node, list):
+        return {n for v in node for n in _field_names(v)}
+    return set()
+
+
+@pytest.fixture
+def masked(spark, fixture_run):
+    """Views as a viewer outside the PII group sees them (the dashboard's default audience).
+
+    Registered per test: temp views are per session, and the masking tests point them elsewhere."""
+    register_views(spark, fixture_run.lakehouse, viewer_in_pii_group=False)
+    return spark
+
+
+def _widget(name: str) -> dict:
+    return next(w for _, w in WIDGETS if w["name"] == name)
+
+
+def _run_widget(spark, name: str) -> list[Row]:
+    return spark.sql(widget_sql(_widget(name)["queries"][0]["query"])).collect()
+
+
+@pytest.mark.parametrize(("page", "widget"), WIDGETS, ids=[w["name"] for _, w in WIDGETS])
+def test_every_widget_query_runs_and_reads_only_its_own_fields(masked, page, widget):
+    for query in widget["queries"]:
+        frame = masked.sql(widget_sql(query["query"]))
+        frame.collect()
+        encoded = _field_names(widget["spec"]["encodings"])
+        assert encoded and encoded <= set(frame.columns), f"{page}/{widget['name']}: encodings read {encoded - set(frame.columns)}"
+
+
+def test_every_dataset_reads_one_view_and_every_view_is_on_the_dashboard():
+    assert sorted(re.search(r"FROM\s+(\w+)", sql).group(1) for sql in DATASETS.values()) == sorted(VIEW_NAMES)
+
+
+def test_overview_numbers_match_the_fixture_alerts(masked, expected_alerts):
+    per_rule = Counter(a["rule_id"] for a in expected_alerts)
+    assert [r[0] for r in _run_widget(masked, "total_alerts")] == [len(expected_alerts)]
+    assert [r[0] for r in _run_widget(masked, "rules_alerting")] == [len(per_rule)]
+    assert [r[0] for r in _run_widget(masked, "keys_alerted")] == [len({(a["rule_id"], a["group_key"]) for a in expected_alerts})]
+
+    bars = _run_widget(masked, "alerts_per_hour")
+    assert sum(r["sum(alerts)"] for r in bars) == len(expected_alerts)
+    assert {(r["hour"], r["rule"]): r["sum(alerts)"] for r in bars} == {
+        (datetime(2026, 11, 1, 10), "rule 1"): 2,
+        (datetime(2026, 11, 1, 11), "rule 1"): 1,
+        (datetime(2026, 11, 1, 10), "rule 2"): 2,
+        (datetime(2026, 11, 1, 11), "rule 2"): 2,
+        (datetime(2026, 11, 1, 12), "rule 3"): 3,
+    }
+    top = _run_widget(masked, "top_keys")
+    assert [(r.key_rank, r.rule_id, r.alerts) for r in top] == [(1, 2, 4), (2, 3, 3), (3, 1, 2), (4, 1, 1)]
+
+
+def test_rule_effectiveness_counts_alerts_per_1k_events_and_keys_near_their_limit(masked, fixture_run, expected_alerts):
+    silver_events = masked.read.format("delta").load(fixture_run.lakehouse.silver_transactions).count()
+    rows = {r.rule_id: r for r in _run_widget(masked, "effectiveness")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    for rule_id, row in rows.items():
+        alerts = sum(a["rule_id"] == rule_id for a in expected_alerts)
+        assert row.alerts == alerts
+        assert row.alerts_per_1k_events == Decimal(1000 * alerts / silver_events).quantize(Decimal("0.001"))
+    # Peaks >= 80% of the limit that never alerted: payee-A|ben-3 at 900/1000 (rule 1), payee-D at
+    # 4 of 5 payments (rule 2), u-2002 at 4 IPs against "more than 4" (rule 3). Paused rule 4 saw nothing.
+    assert {k: (r.keys_evaluated, r.keys_alerted, r.keys_near_limit) for k, r in rows.items()} == {
+        1: (5, 2, 1),
+        2: (4, 1, 1),
+        3: (3, 1, 1),
+        4: (0, 0, 0),
+    }
+    assert rows[1].share_near_limit == 0.2 and rows[4].share_near_limit is None
+
+
+def test_operations_page_counts_quarantine_reasons_and_rule_changes(masked, fixture_run):
+    reasons = {r.reason: r["sum(lines)"] for r in _run_widget(masked, "quarantine_chart")}
+    assert sum(reasons.values()) == fixture_run.summary.quarantined == 6
+    assert reasons["missing eventTime"] == 1
+    changes = _run_widget(masked, "rule_history")
+    assert sorted((r.rule_id, r.change) for r in changes) == [(i, "inserted") for i in (1, 2, 3, 4)]
+    assert all(r.rule_description for r in changes)
+
+
+def test_pipeline_metrics_widgets_add_up_to_the_tables(masked, fixture_run):
+    batches = _run_widget(masked, "batches")
+    if not batches:
+        pytest.skip("gold/pipeline_metrics is not written by this pipeline version yet")
+    bronze = masked.read.format("delta").load(fixture_run.lakehouse.bronze_transactions).count()
+    assert [r[0] for r in _run_widget(masked, "rows_ingested")] == [bronze]
+    assert [r[0] for r in _run_widget(masked, "rows_quarantined")] == [6]
+    latencies = [r for r in _run_widget(masked, "latency_chart") if r.latency_p50_ms is not None]
+    assert latencies and all(r.latency_p50_ms <= r.latency_p95_ms <= r.latency_p99_ms for r in latencies)
+
+
+# ---- masking account identifiers ---------------------------------------------------------------------
+
+
+def _alert(alert_id: str, group_key: str, key_parts: dict[str, str] | None, distinct: list[str] | None) -> dict:
+    return {
+        "alert_id": alert_id, "rule_id": 1, "group_key": group_key, "key_parts": key_parts, "transaction_id": "t-" + alert_id,
+        "event_time": datetime(2026, 11, 1, 10), "distinct_values": distinct,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def masking_lakehouse(spark, tmp_path_factory) -> Lakehouse:
+    """A gold/alerts table keyed by an account id, by a payment type only, and one row without key parts."""
+    lakehouse = Lakehouse(str(tmp_path_factory.mktemp("masking")))
+    rows = [
+        _alert("a1", "payee-A|card", {"payeeId": "payee-A", "paymentType": "card"}, ["ben-1", "ben-2"]),
+        _alert("a2", "payee-A|card", {"payeeId": "payee-A", "paymentType": "card"}, ["ben-1"]),
+        _alert("a3", "card", {"paymentType": "card"}, None),
+        _alert("a4", "u-1001", None, ["10.0.0.1"]),
+    ]
+    frame = spark.createDataFrame([tuple(r.get(f.name) for f in schema.ALERTS.fields) for r in rows], schema.ALERTS)
+    frame.write.format("delta").save(lakehouse.alerts)
+    return lakehouse
+
+
+def _masked_alerts(spark, lakehouse: Lakehouse, member: bool) -> dict[str, Row]:
+    register_views(spark, lakehouse, viewer_in_pii_group=member)
+    return {r.alert_id: r for r in spark.sql("SELECT * FROM alerts_masked").collect()}
+
+
+def test_group_members_see_account_identifiers(spark, masking_lakehouse):
+    rows = _masked_alerts(spark, masking_lakehouse, member=True)
+    assert rows["a1"].group_key == "payee-A|card" and rows["a1"].key_parts == {"payeeId": "payee-A", "paymentType": "card"}
+    assert rows["a1"].distinct_values == ["ben-1", "ben-2"] and rows["a4"].group_key == "u-1001"
+
+
+def test_other_viewers_get_stable_pseudonyms_for_account_identifiers_only(spark, masking_lakehouse):
+    rows = _masked_alerts(spark, masking_lakehouse, member=False)
+    a1, a2, a3, a4 = (rows[k] for k in ("a1", "a2", "a3", "a4"))
+    shown = json.dumps([r.asDict(recursive=True) for r in rows.values()], default=str)
+    for identifier in ("payee-A", "ben-1", "ben-2", "u-1001", "10.0.0.1"):
+        assert identifier not in shown
+    assert re.fullmatch(r"#[0-9a-f]{10}", a1.group_key) and a1.group_key == a2.group_key  # still countable per key
+    assert a1.key_parts["paymentType"] == "card" and a1.key_parts["payeeId"].startswith("#")
+    assert a1.distinct_values[0] == a2.distinct_values[0] != a1.distinct_values[1]
+    assert a3.group_key == "card"  # no account field in the key: nothing to hide
+    assert a4.group_key.startswith("#")  # key parts unknown: masked to be safe
+    assert a1.transaction_id == "t-a1"
+
+
+def test_catalog_statements_qualify_views_and_test_group_membership():
+    statements = catalog_view_statements("main", "rulewatch", Lakehouse("/Volumes/main/rulewatch/lakehouse"), "fraud-investigators")
+    assert [re.match(r"CREATE OR REPLACE VIEW `main`\.`rulewatch`\.`(\w+)`", s).group(1) for s in statements] == list(VIEW_NAMES)
+    assert "is_account_group_member('fraud-investigators')" in statements[0]
+    assert "FROM delta.`/Volumes/main/rulewatch/lakehouse/gold/alerts`" in statements[0]
+    assert "FROM `main`.`rulewatch`.`alerts_masked`" in statements[VIEW_NAMES.index("top_alerting_keys")]
+
+
+@pytest.mark.parametrize(
+    ("catalog", "group", "message"),
+    [("main;drop", "g", "catalog 'main;drop' is not a plain identifier"), ("main", "x') OR TRUE --", "PII group")],
+)
+def test_catalog_statements_reject_unsafe_names(catalog, group, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        catalog_view_statements(catalog, "rulewatch", Lakehouse("/Volumes/main/rulewatch/lakehouse"), group)
