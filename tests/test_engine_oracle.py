@@ -610,6 +610,42 @@ def test_rule_changes_between_batches(events, rules, data):
             newest = max(newest or 0, max(e["eventTime"] for e in batch))
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(events=events_st(max_events=30), rules=memory_rules_st(), data=st.data())
+def test_clearing_a_rule_makes_it_start_over_at_the_clear_point(events, rules, data):
+    """After "clear state" at time T a rule behaves as if created then: the oracle over only the events later
+    than T, cooldown and reported values included; the other rules sharing its history are untouched."""
+    ordered = sort_events(events)
+    cut = data.draw(st.integers(0, len(ordered)), label="cut")
+    target = data.draw(st.sampled_from([None, *[r["ruleId"] for r in rules]]), label="cleared rule (None: all)")
+    newest = max((e["eventTime"] for e in ordered[:cut]), default=T0)
+    # At or after every event evaluated so far, as the CLI's default (newest silver event time) is.
+    clear_at = newest + data.draw(st.sampled_from([0, 0, TICK, 7 * TICK]), label="clear point offset")
+    d = Driver(make_book(rules), random.Random(data.draw(st.integers(0, 2**32))))
+    d.run_batch(ordered[:cut])
+    before = d.alerts()
+    d.book.clear(target, clear_at)
+    d.run_batch(ordered[cut:])
+    after = [a for a in d.alerts() if a not in before]
+    later_ids = {e["transactionId"] for e in ordered[cut:]}
+    want = []
+    for r in rules:
+        cleared = target in (None, r["ruleId"])
+        seen = [e for e in ordered if e["eventTime"] > clear_at] if cleared else ordered
+        want += [a for a in oracle(seen, [r]) if a["transaction_id"] in later_ids]
+    assert_same_alerts(after, want)
+
+
+def test_clear_points_survive_the_state_round_trip_and_go_with_the_rule():
+    book = make_book([{**LOGIN_RULE, "ruleId": 1}, {**LOGIN_RULE, "ruleId": 2}])
+    book.clear(1, 1_000)
+    book.clear(None, 500)  # never moves a clear point back
+    book.clear(7, 2_000)  # unknown rule: nothing to clear
+    assert RuleBook.from_json(book.to_json()).cleared == {1: 1_000, 2: 500}
+    book.apply("delete", {"ruleId": 1}, 3)
+    assert book.cleared == {2: 500}
+
+
 # ------------------------------------------------------------------------------------------------- 2. brief vectors
 
 

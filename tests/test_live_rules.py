@@ -8,6 +8,7 @@ from decimal import Decimal
 from pyspark.sql import functions as F
 
 from rulewatch import schema
+from rulewatch.cli import main
 from rulewatch.gold import GoldSettings, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import parse_rule
@@ -31,7 +32,7 @@ def rules_version(spark, lakehouse: Lakehouse) -> int:
     return spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)}").agg(F.max("version")).first()[0]
 
 
-def test_rule_changes_reach_the_running_stream(spark, tmp_path):
+def test_rule_changes_reach_the_running_stream(spark, tmp_path, capsys):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)
     apply_rules(spark, lakehouse, [parse_rule(RULE)])
@@ -95,5 +96,13 @@ def test_rule_changes_reach_the_running_stream(spark, tmp_path):
         assert step(("e9", 8, "1")) == [("e9", v3, Decimal("6053"))]
         alerts = spark.read.format("delta").load(lakehouse.alerts).where("transaction_id = 'e9'").collect()
         assert [a.rule_id for a in alerts] == [3]
+
+        # Clearing rule 3's state (here from the command line) makes its window start after e9.
+        assert main(["rules", "clear-state", "--lakehouse", lakehouse.root, "--rule", "3"]) == 0
+        assert "rule 3 will only see events after 2026-11-01 10:08:00.000" in capsys.readouterr().out
+        assert step(("e10", 9, "1")) == []  # 1, not 6054
+        assert step(("e11", 10, "6000")) == [("e11", v3, Decimal("6001"))]
+        assert main(["rules", "clear-state", "--lakehouse", lakehouse.root, "--rule", "99"]) == 2
+        assert "no rule 99" in capsys.readouterr().err
     finally:
         query.stop()

@@ -54,24 +54,43 @@ def state_key(keyset: str, group_key: str) -> str:
 
 @dataclass
 class RuleBook:
-    """The rules a shard knows, each with the rules-table commit version that last changed it."""
+    """The rules a shard knows, each with the rules-table commit version that last changed it.
+
+    ``cleared`` holds each rule's clear point (event time, ms): after a "clear state" command the
+    rule sees only events later than that, as if it had been created then (its history, cooldown
+    and reported values from before are forgotten). Rules sharing the key's history are unaffected.
+    """
 
     rules: dict[int, tuple[Rule, int]] = field(default_factory=dict)
+    cleared: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({str(rid): [rule.to_json(), version] for rid, (rule, version) in sorted(self.rules.items())})
+        rules = {str(rid): [rule.to_json(), version] for rid, (rule, version) in sorted(self.rules.items())}
+        return json.dumps({"rules": rules, "cleared": {str(rid): at for rid, at in sorted(self.cleared.items())}})
 
     @classmethod
     def from_json(cls, text: str | None) -> "RuleBook":
         if not text:
             return cls()
-        return cls({int(rid): (parse_rule(body), int(version)) for rid, (body, version) in json.loads(text).items()})
+        doc = json.loads(text)
+        if "rules" not in doc:  # written before clear points existed: the rules alone
+            doc = {"rules": doc, "cleared": {}}
+        return cls(
+            {int(rid): (parse_rule(body), int(version)) for rid, (body, version) in doc["rules"].items()},
+            {int(rid): int(at) for rid, at in doc["cleared"].items()},
+        )
+
+    def clear(self, rule_id: int | None, before_ms: int) -> None:
+        """Forget what ``rule_id`` (every current rule if None) has seen up to ``before_ms``."""
+        for rid in self.rules if rule_id is None else [rule_id] if rule_id in self.rules else []:
+            self.cleared[rid] = max(self.cleared.get(rid, before_ms), before_ms)
 
     def apply(self, change_type: str, row: Mapping[str, Any], version: int) -> RuleError | None:
         """Apply one change-data-feed row; an invalid row leaves the last valid rule in place."""
         rule_id = row.get("ruleId")
         if change_type == "delete":
             self.rules.pop(int(rule_id), None)
+            self.cleared.pop(int(rule_id), None)
             return None
         body = {k: v for k, v in row.items() if v is not None}
         try:
@@ -80,15 +99,17 @@ class RuleBook:
             return err
         if rule.state is RuleState.DELETE:
             self.rules.pop(rule.rule_id, None)
+            self.cleared.pop(rule.rule_id, None)
         else:
             self.rules[rule.rule_id] = (rule, version)
         return None
 
-    def active_by_keyset(self) -> dict[str, list[tuple[Rule, int]]]:
-        out: dict[str, list[tuple[Rule, int]]] = {}
-        for rule, version in self.rules.values():
+    def active_by_keyset(self) -> dict[str, list[tuple[Rule, int, int | None]]]:
+        """Active rules per keyset, each with its version and clear point (None: never cleared)."""
+        out: dict[str, list[tuple[Rule, int, int | None]]] = {}
+        for rid, (rule, version) in self.rules.items():
             if rule.state is RuleState.ACTIVE:
-                out.setdefault(rule.keyset, []).append((rule, version))
+                out.setdefault(rule.keyset, []).append((rule, version, self.cleared.get(rid)))
         return out
 
     def retention_ms(self, keyset: str) -> int:
@@ -223,8 +244,8 @@ def evaluate_batch(
         in_keyset = keyset_of_group == keyset
         if not in_keyset.any():
             continue
-        for rule, version in rules:
-            rows.extend(_evaluate_rule(rule, version, in_keyset, cols, group, is_new, ingest, key_group, memories))
+        for rule, version, cleared in rules:
+            rows.extend(_evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories))
 
     writes: dict[str, bytes | None] = {}
     expiry: dict[str, int] = {}
@@ -297,6 +318,7 @@ def _field_text(cols: Mapping[str, np.ndarray], name: str) -> np.ndarray:
 def _evaluate_rule(
     rule: Rule,
     version: int,
+    cleared: int | None,
     in_keyset: np.ndarray,
     cols: Mapping[str, np.ndarray],
     group: np.ndarray,
@@ -308,6 +330,8 @@ def _evaluate_rule(
     sel = in_keyset.copy()
     for name, wanted in rule.filter:
         sel &= _field_text(cols, name) == wanted
+    if cleared is not None:
+        sel &= cols["eventTime"] > cleared
     idx = np.flatnonzero(sel)
     if len(idx) == 0 or not is_new[idx].any():
         return []
@@ -333,6 +357,8 @@ def _evaluate_rule(
             window_vals = values[lo[p] : p + 1][valid[lo[p] : p + 1]]
             distinct = sorted({str(v) for v in window_vals})
         memory = memories[gi].setdefault(rule.rule_id, {"last_alert": None, "reported": {}})
+        if cleared is not None and (memory["last_alert"] or 0) <= cleared:
+            memory.update(last_alert=None, reported={})  # written before the clear point: forgotten
         now = int(t[p])
         if rule.cooldown_ms and memory["last_alert"] is not None and now < memory["last_alert"] + rule.cooldown_ms:
             continue

@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
+from rulewatch.commands import CLEAR_STATE
 from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry
 from rulewatch.schema import RULE_FIELDS
 from rulewatch.windows import MAX_SPAN_MS
@@ -164,10 +165,21 @@ class RuleProcessor(StatefulProcessor):
                     "kind": "rule_error", "rule_id": err.rule_id, "rule_version": version,
                     "detail": str(err), "aggregator": err.field,
                 })  # fmt: skip
+        self._save_book(book)
+        return errors
+
+    def _apply_commands(self, commands: pd.DataFrame) -> None:
+        book = self._book()
+        for row in commands.to_dict("records"):
+            if row["command"] == CLEAR_STATE:
+                rule_id = _python(row["command_rule_id"])
+                book.clear(None if pd.isna(rule_id) else int(rule_id), int(_python(row["clear_before_ms"])))
+        self._save_book(book)
+
+    def _save_book(self, book: RuleBook) -> None:
         text = book.to_json()
         self.rules.update((text,))
         self._book_cache = (text, book)
-        return errors
 
     def _check_layout(self) -> None:
         wanted = f"slots={self.state_slots}"
@@ -204,9 +216,12 @@ class RuleProcessor(StatefulProcessor):
         batch = pd.concat(list(rows), ignore_index=True)
         out: list[dict] = []
         is_rule = batch["change_type"].notna()
+        is_command = batch["command"].notna()
         if is_rule.any():
             out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
-        events = batch[~is_rule]
+        if is_command.any():
+            self._apply_commands(batch[is_command])
+        events = batch[~(is_rule | is_command)]
         if not events.empty:
             self._check_layout()
             book = self._book()

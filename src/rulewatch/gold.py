@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch import schema
+from rulewatch.commands import command_stream, ensure_commands_table
 from rulewatch.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.evaluator import RuleProcessor
 from rulewatch.keying import fan_out, keysets
@@ -79,14 +80,20 @@ def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSetti
             F.col("_commit_version").alias("commit_version"),
         )
     )
-    # Every shard needs every rule: broadcast each change by fanning it out to all shards.
-    return changes.crossJoin(spark.range(settings.shards).withColumnRenamed("id", "shard"))
+    return _to_every_shard(spark, changes, settings)
+
+
+def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettings) -> DataFrame:
+    # Every shard needs every rule change and command: broadcast by fanning out to all shards.
+    return stream.crossJoin(spark.range(settings.shards).withColumnRenamed("id", "shard"))
 
 
 def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
     """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
-    stream = _events(spark, lakehouse, settings).unionByName(
-        _rule_changes(spark, lakehouse, settings), allowMissingColumns=True
+    stream = (
+        _events(spark, lakehouse, settings)
+        .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
+        .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
     )
     processor = RuleProcessor(parse_duration(settings.cleanup_granularity), settings.state_slots)
     return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
@@ -211,6 +218,7 @@ def _state_totals_of(holder: dict) -> StateTotals:
 
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_rules_table(spark, lakehouse)
+    ensure_commands_table(spark, lakehouse)
     ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
     ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
     ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")

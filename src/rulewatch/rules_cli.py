@@ -1,4 +1,4 @@
-"""``rulewatch rules apply|export|history``: the rules table from the command line.
+"""``rulewatch rules apply|export|history|clear-state``: the rules table from the command line.
 
 ``add_cli(subparsers)`` registers the ``rules`` command on the main parser; every handler takes the
 parsed arguments and returns the process exit code (0 ok, 1 no such table, 2 invalid rules file).
@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 from rulewatch.rules import RuleError, RuleSetError, parse_rule
@@ -99,8 +100,32 @@ def cmd_rules_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rules_clear_state(args: argparse.Namespace) -> int:
+    """Ask the evaluator to forget one rule's (or every rule's) window state up to a point in event time."""
+    from rulewatch.commands import CommandError, request_clear_state
+    from rulewatch.rules_table import rules_table_exists
+
+    before = None
+    if args.before:
+        try:
+            before = datetime.fromisoformat(args.before.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"rulewatch: --before {args.before!r} is not an ISO-8601 time such as 2026-11-01T12:00:00Z", file=sys.stderr)
+            return 2
+    spark, lakehouse = _spark_and_lakehouse(args)
+    if not rules_table_exists(spark, lakehouse):
+        return _no_table(lakehouse)
+    try:
+        request = request_clear_state(spark, lakehouse, args.rule, before, args.updated_by)
+    except CommandError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
+    print(f"clear-state requested: {request}")
+    return 0
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``rules apply|export|history`` on the main parser's subparsers."""
+    """Register ``rules apply|export|history|clear-state`` on the main parser's subparsers."""
     rules = subparsers.add_parser("rules", help="apply, export or audit the rules table (config/rules)")
     sub = rules.add_subparsers(dest="rules_command", required=True)
 
@@ -119,4 +144,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     history.add_argument("--last", type=int, default=20, help="how many changes to show (default 20)")
     history.set_defaults(func=cmd_rules_history)
+
+    clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
+    clear.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    which = clear.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rule", type=int, help="the rule id to clear")
+    which.add_argument("--all", action="store_true", help="clear every current rule")
+    clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
+    clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
+    clear.set_defaults(func=cmd_rules_clear_state)
     return rules

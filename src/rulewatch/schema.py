@@ -90,6 +90,17 @@ RULES = StructType([
 ])  # fmt: skip
 RULE_FIELDS = [f.name for f in RULES.fields if f.name not in ("updated_at", "updated_by")]
 
+# config/rule_commands: control operations for the running evaluator, appended by
+# ``rulewatch rules clear-state`` (or its notebook call) and read by gold as a stream.
+RULE_COMMANDS = StructType([
+    StructField("command_id", StringType(), False),
+    StructField("command", StringType(), False),  # clear_state
+    StructField("rule_id", IntegerType()),  # null: every rule
+    StructField("clear_before", TimestampType(), False),
+    StructField("requested_at", TimestampType()),
+    StructField("requested_by", StringType()),
+])  # fmt: skip
+
 ALERTS = StructType([
     StructField("alert_id", StringType(), False),
     StructField("rule_id", IntegerType(), False),
