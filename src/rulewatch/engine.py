@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rulewatch.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
-from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, to_decimal, window_lo, window_start
+from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, decimal_texts, to_decimal, window_lo, window_start
 
 MONEY_SCALE = 2
 KEY_SEPARATOR = "\x1f"
@@ -203,39 +203,24 @@ def evaluate_batch(
     if events.empty:
         return BatchResult(rows, {}, {})
     keys = (events["keyset"] + KEY_SEPARATOR + events["group_key"]).to_numpy(object)
-    uniq_keys, new_group = np.unique(keys, return_inverse=True)
+    new_group, uniq_keys = pd.factorize(keys, sort=False)
+    uniq_keys = uniq_keys.tolist()
     key_keyset = [k.split(KEY_SEPARATOR, 1)[0] for k in uniq_keys]
     key_group = [k.split(KEY_SEPARATOR, 1)[1] for k in uniq_keys]
 
     # Old history first, then the new events; one sort orders everything by (key, time, id).
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in HISTORY_COLUMNS}
-    group_parts: list[np.ndarray] = []
-    memories: list[dict] = []
-    for g, key in enumerate(uniq_keys):
-        blob = load(key)
-        if blob is None:
-            memories.append({})
-            continue
-        cols, memory = decode_history(blob)
-        memories.append(memory)
-        for name in HISTORY_COLUMNS:
-            parts[name].append(cols[name])
-        group_parts.append(np.full(len(cols["eventTime"]), g, dtype=np.int64))
-    n_old = sum(len(p) for p in group_parts)
+    old, memories = _load_histories(uniq_keys, load)
+    n_old = len(old["group"])
     new_cols = _event_columns(events)
-    for name in HISTORY_COLUMNS:
-        parts[name].append(new_cols[name])
-    group_parts.append(new_group.astype(np.int64))
-    cols = {name: np.concatenate(parts[name]) for name in HISTORY_COLUMNS}
-    group = np.concatenate(group_parts)
+    cols = {name: _concat(old[name], new_cols[name]) for name in HISTORY_COLUMNS}
+    group = np.concatenate([old["group"], new_group.astype(np.int64)])
     is_new = np.zeros(len(group), dtype=bool)
     is_new[n_old:] = True
     # When each event reached bronze: only new events can fire, so it is carried, never stored.
     ingest = np.zeros(len(group), dtype=np.int64)
     if "ingestTime" in events:
         ingest[n_old:] = events["ingestTime"].fillna(0).to_numpy(np.int64)
-    _, id_rank = np.unique(cols["transactionId"].astype(str), return_inverse=True)
-    order = np.lexsort((id_rank, cols["eventTime"], group))
+    order = _event_order(group, cols["eventTime"], cols["transactionId"])
     cols = {name: col[order] for name, col in cols.items()}
     group, is_new, ingest = group[order], is_new[order], ingest[order]
 
@@ -246,29 +231,99 @@ def evaluate_batch(
             continue
         for rule, version, cleared in rules:
             rows.extend(_evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories))
+    return BatchResult(rows, *_write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms))
 
+
+def _concat(old: np.ndarray | list, new: np.ndarray) -> np.ndarray:
+    if new.dtype != object:
+        return np.concatenate([old, new])
+    out = np.empty(len(old) + len(new), dtype=object)
+    out[: len(old)] = old
+    out[len(old) :] = new
+    return out
+
+
+def _load_histories(keys: list[str], load: Callable[[str], bytes | None]) -> tuple[dict, list[dict]]:
+    """Every stored event of ``keys`` as whole columns (``group`` = index into ``keys``), plus
+    each key's memory. Columns are gathered raw and converted once, not per key."""
+    raw: dict[str, list] = {name: [] for name, _ in _ARRAY_COLUMNS}
+    texts: dict[str, list] = {name: [] for name in _TEXT_COLUMNS}
+    sizes: list[int] = []
+    owners: list[int] = []
+    memories: list[dict] = []
+    for g, key in enumerate(keys):
+        blob = load(key)
+        if blob is None:
+            memories.append({})
+            continue
+        fmt, n, arrays, flat, memory = pickle.loads(blob)
+        if fmt != _FORMAT:
+            raise ValueError(f"unknown history state format {fmt!r}; this state was written by another rulewatch version")
+        memories.append(memory)
+        for (name, _), chunk in zip(_ARRAY_COLUMNS, arrays):
+            raw[name].append(chunk)
+        for i, name in enumerate(_TEXT_COLUMNS):
+            texts[name].extend(flat[i * n : (i + 1) * n])
+        sizes.append(n)
+        owners.append(g)
+    cols: dict = {name: np.frombuffer(b"".join(raw[name]), dtype=dtype) for name, dtype in _ARRAY_COLUMNS}
+    cols.update(texts)
+    cols["group"] = np.repeat(np.array(owners, dtype=np.int64), sizes)
+    return cols, memories
+
+
+def _event_order(group: np.ndarray, time: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Order by (key, time, transaction id); ids are only ranked when some key has a time tie."""
+    order = np.lexsort((time, group))
+    g, t = group[order], time[order]
+    if not ((g[1:] == g[:-1]) & (t[1:] == t[:-1])).any():
+        return order
+    _, id_rank = np.unique(ids.astype(str), return_inverse=True)
+    return np.lexsort((id_rank, time, group))
+
+
+def _write_back(
+    keys: list[str],
+    key_keyset: list[str],
+    cols: Mapping[str, np.ndarray],
+    group: np.ndarray,
+    memories: list[dict],
+    book: RuleBook,
+    watermark_ms: int,
+) -> tuple[dict[str, bytes | None], dict[str, int]]:
+    """Each touched key's new blob (None: nothing left to keep) and expiry time.
+
+    Rows are sorted by (key, time), so what a key keeps is a contiguous run ending at its last row."""
+    bounds = np.searchsorted(group, np.arange(len(keys) + 1))
+    event_time = cols["eventTime"]
+    spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
+    retention = np.array([spans[ks][0] for ks in key_keyset], dtype=np.int64)
+    memory_span = [spans[ks][1] for ks in key_keyset]
+    last_time = event_time[bounds[1:] - 1].tolist()
+    keep_from = bounds[:-1]
+    if watermark_ms > 0:
+        horizon = np.maximum(watermark_ms - retention, -MAX_SPAN_MS)
+        # Times are sorted within a key, so the rows it drops are a prefix: count them.
+        dropped = (event_time < horizon[group]).astype(np.int64)
+        keep_from = keep_from + np.add.reduceat(dropped, bounds[:-1])
+    text_lists = {name: cols[name].tolist() for name in _TEXT_COLUMNS}
     writes: dict[str, bytes | None] = {}
     expiry: dict[str, int] = {}
-    bounds = np.searchsorted(group, np.arange(len(uniq_keys) + 1)).tolist()
-    spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
-    event_time = cols["eventTime"]
-    for g, key in enumerate(uniq_keys):
-        retention, memory_span = spans[key_keyset[g]]
-        first, last = bounds[g], bounds[g + 1]
-        times = event_time[first:last]
+    for g, key in enumerate(keys):
+        a, b = int(keep_from[g]), int(bounds[g + 1])
         memory = memories[g]
-        if watermark_ms > 0:
-            keep = times >= _horizon(watermark_ms, retention)
-            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span)) if memory else memory
-            if not keep.any() and not memory:
-                writes[key] = None
-                continue
-            history = {name: col[first:last][keep] for name, col in cols.items()}
-        else:
-            history = {name: col[first:last] for name, col in cols.items()}
-        writes[key] = encode_history(history, memory)
-        expiry[key] = key_expiry(int(times[-1]), retention, memory_span)
-    return BatchResult(rows, writes, expiry)
+        if watermark_ms > 0 and memory:
+            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[g]))
+        if a == b and not memory:
+            writes[key] = None
+            continue
+        arrays = [cols[name][a:b].tobytes() for name, _ in _ARRAY_COLUMNS]
+        flat: list = []
+        for name in _TEXT_COLUMNS:
+            flat.extend(text_lists[name][a:b])
+        writes[key] = pickle.dumps((_FORMAT, b - a, arrays, flat, memory), protocol=5)
+        expiry[key] = key_expiry(last_time[g], int(retention[g]), memory_span[g])
+    return writes, expiry
 
 
 def key_expiry(last_ms: int, retention_ms: int, memory_ms: int) -> int:
@@ -343,20 +398,64 @@ def _evaluate_rule(
     value_scale = scale if rule.aggregator not in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) else 0
     holds = compare(rule.operator, agg, rule.limit, value_scale, rule.aggregator)
     tids = cols["transactionId"][idx]
-    ingest_ms = ingest[idx]
     common = {
         "rule_id": rule.rule_id, "rule_version": version, "keyset": rule.keyset,
         "limit_value": str(rule.limit), "operator": rule.operator.value, "aggregator": rule.aggregator.value,
     }  # fmt: skip
+    hits = np.flatnonzero(holds)
+    at = pos[hits]  # positions (within idx) of the events that fire
+    fired: list[tuple[int, list | None]] = []  # (j, distinct values) of the alerts to emit
+    if rule.aggregator is Aggregator.UNIQUE_COUNT or rule.cooldown_ms or rule.report_new_values_only:
+        fired = _with_memory(rule, cleared, hits, at, lo, values, valid, g, t, memories)
+    else:
+        fired = [(j, None) for j in hits.tolist()]
     out: list[dict] = []
-    for j in np.flatnonzero(holds):
-        p = int(pos[j])
-        gi = int(g[p])
+    if fired:
+        chosen = np.array([j for j, _ in fired], dtype=np.int64)
+        p = pos[chosen]
+        now = t[p]
+        texts = decimal_texts(rule.aggregator, agg, chosen, value_scale)
+        starts = window_start(now, rule.window_ms, rule.bucket_ms).tolist()
+        # The key's parts are the triggering event's own grouping values.
+        parts = list(zip(*[_field_text(cols, name)[idx[p]].tolist() for name in rule.grouping_keys]))
+        tid, gid, ing = tids[p].tolist(), g[p].tolist(), ingest[idx][p].tolist()
+        counts, now = agg.count[chosen].tolist(), now.tolist()
+        for i, (_, distinct) in enumerate(fired):
+            out.append({
+                "kind": "alert", **common, "group_key": key_group[gid[i]], "transaction_id": tid[i], "event_ms": now[i],
+                "aggregate_value": texts[i], "window_start_ms": starts[i], "window_end_ms": now[i],
+                "event_count": counts[i],
+                "distinct_values": distinct[:MAX_REPORTED_VALUES] if distinct is not None else None,
+                "detail": rule.description or None, "key_values": list(parts[i]), "ingest_ms": ing[i] or None,
+            })  # fmt: skip
+    out.extend(_metrics(rule, common, agg, pos, g, t, value_scale, key_group))
+    return out
+
+
+def _with_memory(
+    rule: Rule,
+    cleared: int | None,
+    hits: np.ndarray,
+    at: np.ndarray,
+    lo: np.ndarray,
+    values: np.ndarray,
+    valid: np.ndarray,
+    g: np.ndarray,
+    t: np.ndarray,
+    memories: list[dict],
+) -> list[tuple[int, list | None]]:
+    """The firing positions that survive the rule's cooldown / reported-values memory, in event
+    order (each alert updates the memory the next one sees), with their distinct values."""
+    fired: list[tuple[int, list | None]] = []
+    for j, p in zip(hits.tolist(), at.tolist()):
         distinct = None
         if rule.aggregator is Aggregator.UNIQUE_COUNT:
             window_vals = values[lo[p] : p + 1][valid[lo[p] : p + 1]]
             distinct = sorted({str(v) for v in window_vals})
-        memory = memories[gi].setdefault(rule.rule_id, {"last_alert": None, "reported": {}})
+        if not (rule.cooldown_ms or rule.report_new_values_only):
+            fired.append((j, distinct))
+            continue
+        memory = memories[int(g[p])].setdefault(rule.rule_id, {"last_alert": None, "reported": {}})
         if cleared is not None and (memory["last_alert"] or 0) <= cleared:
             memory.update(last_alert=None, reported={})  # written before the clear point: forgotten
         now = int(t[p])
@@ -370,19 +469,8 @@ def _evaluate_rule(
             for v in distinct:
                 reported[v] = now
         memory["last_alert"] = now
-        start = int(window_start(np.array([now]), rule.window_ms, rule.bucket_ms)[0])
-        out.append({
-            "kind": "alert", **common, "group_key": key_group[gi], "transaction_id": tids[p], "event_ms": now,
-            "aggregate_value": str(to_decimal(rule.aggregator, agg, j, value_scale)),
-            "window_start_ms": start, "window_end_ms": now, "event_count": int(agg.count[j]),
-            "distinct_values": distinct[:MAX_REPORTED_VALUES] if distinct is not None else None,
-            "detail": rule.description or None,
-            # The key's parts are the triggering event's own grouping values.
-            "key_values": [_field_text(cols, name)[idx[p]] for name in rule.grouping_keys],
-            "ingest_ms": int(ingest_ms[p]) or None,
-        })  # fmt: skip
-    out.extend(_metrics(rule, common, agg, pos, g, t, value_scale, key_group))
-    return out
+        fired.append((j, distinct))
+    return fired
 
 
 def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: np.ndarray, scale: int, key_group: list[str]) -> list[dict]:

@@ -201,3 +201,14 @@ def to_decimal(aggregator: Aggregator, agg: WindowAggregates, i: int, scale: int
     if aggregator is Aggregator.AVG:
         return (units / Decimal(int(agg.nonnull[i]))).quantize(Decimal("0.000001"))
     return units
+
+
+def decimal_texts(aggregator: Aggregator, agg: WindowAggregates, idx: np.ndarray, scale: int) -> list[str]:
+    """``str(to_decimal(...))`` of many positions at once (AVG, which divides, goes one by one)."""
+    if aggregator is Aggregator.AVG:
+        return [str(to_decimal(aggregator, agg, i, scale)) for i in idx.tolist()]
+    units = agg.value[idx].tolist()
+    if aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) or scale == 0:
+        return [str(u) for u in units]
+    q = 10**scale
+    return [f"{'-' if u < 0 else ''}{abs(u) // q}.{abs(u) % q:0{scale}d}" for u in units]
