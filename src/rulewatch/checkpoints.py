@@ -14,6 +14,7 @@ on a ``scheme://`` lakehouse it is skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -66,29 +67,29 @@ def last_planned_batch(checkpoint: str) -> int:
     return offsets[-1] if offsets else -1
 
 
-def _log_actions(log: Path) -> list[dict]:
-    """The actions of a Delta table's current log: its newest checkpoint's ``txn`` entries plus later commits."""
+def _transactions(log: Path) -> Iterator[dict]:
+    """The ``txn`` actions of a Delta log: its newest checkpoint's, then every later commit's.
+
+    Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
+    cleanup has removed the early commit files.
+    """
     checkpoint_version = -1
     if (log / "_last_checkpoint").exists():
         checkpoint_version = json.loads((log / "_last_checkpoint").read_text())["version"]
-    actions: list[dict] = []
     for part in sorted(log.glob(f"{checkpoint_version:020d}.checkpoint*.parquet")):
-        actions += [{"txn": t} for t in pq.read_table(part, columns=["txn"]).column("txn").to_pylist() if t]
+        yield from (t for t in pq.read_table(part, columns=["txn"]).column("txn").to_pylist() if t)
     for commit in sorted(log.glob("*.json")):
         if int(commit.name.split(".")[0]) > checkpoint_version:
-            actions += [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
-    return actions
+            lines = commit.read_text(encoding="utf-8").splitlines()
+            yield from (json.loads(line)["txn"] for line in lines if line.startswith('{"txn"'))
 
 
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     """``{txnAppId: last txnVersion}`` for the idempotent writers of ``table`` whose id starts with the prefix."""
     log = Path(table, "_delta_log")
-    if not log.is_dir():
-        return {}
     latest: dict[str, int] = {}
-    for action in _log_actions(log):
-        txn = action.get("txn")
-        if txn and txn["appId"].startswith(app_id_prefix):
+    for txn in _transactions(log) if log.is_dir() else ():
+        if txn["appId"].startswith(app_id_prefix):
             latest[txn["appId"]] = max(latest.get(txn["appId"], -1), txn["version"])
     return latest
 
