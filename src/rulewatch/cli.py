@@ -8,7 +8,9 @@ from pathlib import Path
 
 from rulewatch.jobs import add_cli as add_job_cli
 from rulewatch.lakehouse import LakehouseBusy
+from rulewatch.live import add_cli as add_live_cli
 from rulewatch.remote import add_cli as add_remote_cli
+from rulewatch.report import add_cli as add_report_cli
 from rulewatch.rules import RuleSetError
 from rulewatch.rules_cli import add_cli as add_rules_cli
 
@@ -56,13 +58,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if latencies:
             print(f"  median {latencies[len(latencies) // 2]:.2f}s, max {latencies[-1]:.2f}s")
         return 0 if len(latencies) == args.rule_propagation else 1
-    print(f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, {args.shards} shards")
-    results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots)
+    print(
+        f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, "
+        f"{args.shards} shards, SUM over 1h > {args.limit:,}"
+    )
+    results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots, args.limit)
     floor = results[0].rate
+    batches = max(1, args.events // args.batch_events)
     for m in results:
         print(
             f"  {m.name:<34} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor:4.2f}"
-            f"  state rows updated {m.state_rows_updated:,}  state memory {m.state_bytes:,} B"
+            f"  state rows written/batch {m.state_rows_updated / batches:,.0f}  state {m.state_bytes / args.keys:,.0f} B/key"
         )
     return 0
 
@@ -82,12 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--keys", type=int, default=10_000)
     bench.add_argument("--batch-events", type=int, default=50_000)
     bench.add_argument("--shards", type=int, default=16)
+    bench.add_argument("--limit", type=int, default=12_500, help="the SUM rule's limit (lower: more events alert)")
     bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
     bench.add_argument("--rule-propagation", type=int, metavar="TRIALS", help="instead: time rule changes reaching a running stream")
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
     add_job_cli(sub)
     add_remote_cli(sub)
+    add_report_cli(sub)
+    add_live_cli(sub)
     return parser
 
 
