@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from rulewatch.generate import PATTERNS, Generator, GeneratorConfig, group_key, read_labels, run
+from rulewatch.silver import DEFAULT_PAYMENT_TYPES
 
 
 def ticks(config: GeneratorConfig, step: float = 0.2) -> tuple[list[dict], list]:
@@ -45,6 +46,11 @@ def crossings(events: list[dict]) -> set[tuple[int, str]]:
         | {(3, k) for k, v in user_ips.items() if len(v) > 4}
         | {(5, k) for k, v in ip_users.items() if len(v) > 4}
     )
+
+
+def test_every_generated_payment_type_passes_silver():
+    events, _ = ticks(GeneratorConfig(rate=500, duration=10, pattern_every=1, run_id="f6"))
+    assert {e["paymentType"] for e in events if "paymentType" in e} <= set(DEFAULT_PAYMENT_TYPES.split(","))
 
 
 def test_steady_rate_and_wall_clock_event_time():

@@ -38,8 +38,8 @@ MAX_BACKGROUND_AMOUNT = 249.99  # PAYER_USES x this stays below rule 1's limit o
 LOGIN_USES = 3  # distinct IPs per user and users per IP stay below rules 3 and 5 (> 4)
 POOL_BLOCK = 2048  # ids per pool block: each id's uses are spread over that block's draws
 LOGIN_SHARE = 0.3
-PAYMENT_TYPES = ("CSH", "CRD", "TRF", "DD")
-PAYMENT_TYPE_WEIGHTS = (0.15, 0.55, 0.25, 0.05)
+PAYMENT_TYPES = ("CSH", "CRD")  # the types silver accepts by default (silver.DEFAULT_PAYMENT_TYPES)
+PAYMENT_TYPE_WEIGHTS = (0.3, 0.7)
 BENEFICIARIES = 50_000
 
 DRAIN_STEP_S = 3.0
@@ -163,7 +163,7 @@ class Generator:
         steps: list[tuple[float, dict[str, Any]]]
         if kind == "drain":
             key = {"payeeId": f"drainer-{run}-{instance}", "beneficiaryId": f"mule-{run}-{instance}"}
-            steps = [(i * DRAIN_STEP_S, {**key, "paymentAmount": f"{rng.uniform(260, 320):.2f}", "paymentType": "TRF"})
+            steps = [(i * DRAIN_STEP_S, {**key, "paymentAmount": f"{rng.uniform(260, 320):.2f}", "paymentType": "CSH"})
                      for i in range(4)]  # fmt: skip
         elif kind == "burst":
             key = {"payeeId": f"burster-{run}-{instance}"}
