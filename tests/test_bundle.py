@@ -244,3 +244,42 @@ def test_every_task_retries_and_gets_the_wheel_on_a_declared_cluster(job_key, ta
     assert {"whl": "../dist/*.whl"} in raw["libraries"], f"{task_key}: the notebooks import rulewatch; the wheel must be installed"
     conf = clusters[raw["job_cluster_key"]]["new_cluster"]["spark_conf"]
     assert conf["spark.sql.streaming.stateStore.providerClass"].endswith("RocksDBStateStoreProvider")
+
+
+# ---- the dashboard resource ------------------------------------------------------------------------
+
+DASHBOARDS = {
+    key: (path, definition)
+    for path in BUNDLE.files
+    for key, definition in ((yaml.safe_load(path.read_text()).get("resources") or {}).get("dashboards") or {}).items()
+}
+
+
+def test_dashboard_resource_loads_with_the_typed_class_and_reads_the_bundle_catalog_and_schema():
+    from databricks.bundles.dashboards import Dashboard
+
+    assert list(DASHBOARDS) == ["rulewatch_dashboard"]
+    _, definition = DASHBOARDS["rulewatch_dashboard"]
+    assert Dashboard.from_dict(copy.deepcopy(definition)).as_dict() == definition
+    # The datasets name views unqualified; these put them in the schema the views are created in.
+    assert definition["dataset_catalog"] == "${var.catalog}" and definition["dataset_schema"] == "${var.schema}"
+    assert definition["warehouse_id"] == "${var.warehouse_id}"
+    assert ROOT_CONFIG["variables"]["pii_viewer_group"]["description"]
+
+
+def test_dashboard_file_is_a_consistent_lakeview_definition():
+    path, definition = DASHBOARDS["rulewatch_dashboard"]
+    file = (path.parent / definition["file_path"]).resolve()
+    assert file.name.endswith(".lvdash.json") and file.is_file(), f"{definition['file_path']} not found next to {path.name}"
+    dashboard = json.loads(file.read_text())
+    names = [d["name"] for d in dashboard["datasets"]]
+    assert len(names) == len(set(names)) and all(d["queryLines"] for d in dashboard["datasets"])
+    assert [p["displayName"] for p in dashboard["pages"]] == ["Alerts overview", "Operations"]
+    for page in dashboard["pages"]:
+        widgets = [item["widget"]["name"] for item in page["layout"]]
+        assert len(widgets) == len(set(widgets)), f"{page['name']}: duplicate widget names"
+        for item in page["layout"]:
+            pos = item["position"]
+            assert 0 <= pos["x"] and pos["width"] >= 1 and pos["x"] + pos["width"] <= 6, f"{item['widget']['name']}: off the 6-column grid"
+            for query in item["widget"].get("queries", []):
+                assert query["query"]["datasetName"] in names, f"{item['widget']['name']}: unknown dataset"

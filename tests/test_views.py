@@ -79,7 +79,9 @@ def test_every_widget_query_runs_and_reads_only_its_own_fields(masked, page, wid
 
 
 def test_every_dataset_reads_one_view_and_every_view_is_on_the_dashboard():
-    assert sorted(re.search(r"FROM\s+(\w+)", sql).group(1) for sql in DATASETS.values()) == sorted(VIEW_NAMES)
+    read = sorted(re.search(r"FROM\s+(\w+)", sql).group(1) for sql in DATASETS.values())
+    # key_window_metrics is per key over time: the explore notebook's, with a key picked first.
+    assert read == sorted(set(VIEW_NAMES) - {"key_window_metrics"})
 
 
 def test_overview_numbers_match_the_fixture_alerts(masked, expected_alerts):

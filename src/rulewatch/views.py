@@ -80,6 +80,20 @@ SELECT
 FROM {{alerts}}""",
     ),
     View(
+        "key_window_metrics",
+        "Per rule and key, each micro-batch's window aggregate at the key's last event and the batch's peak (key masked like alerts_masked)",
+        f"""
+SELECT
+  w.rule_id, w.rule_version,
+  -- No key parts here: the rule's grouping fields decide, so keys mask exactly as in alerts_masked.
+  CASE WHEN {{viewer_sees_pii}} OR NOT coalesce(exists(r.groupingKeyNames, k -> k IN ({_MASKED_KEYS})), TRUE)
+       THEN w.group_key ELSE {_mask('w.group_key')} END AS group_key,
+  w.event_time, w.aggregate_value, w.max_aggregate, w.`limit`, w.operator, w.event_count, w.window_start, w.window_end,
+  w.gold_batch_id
+FROM {{window_metrics}} w
+LEFT JOIN {{rules}} r ON r.ruleId = w.rule_id""",
+    ),
+    View(
         "alerts_per_rule_hour",
         "Alerts per rule per hour of event time, with the number of distinct keys alerted",
         """

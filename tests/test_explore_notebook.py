@@ -1,0 +1,42 @@
+"""The explore notebook executed for real in a fresh kernel against the fixture pipeline run."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import ROOT
+from rulewatch.widgets import widget_env
+
+NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
+
+
+def _text(cell) -> str:
+    """Everything a code cell showed: printed text, and the HTML of displayed tables and charts."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        data = out.get("data", {})
+        parts.append(data.get("text/html", "") or data.get("text/plain", ""))
+    return "".join(parts)
+
+
+@pytest.mark.spark
+def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixture_run):
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
+    env.update(widget_env({"lakehouse": fixture_run.lakehouse.root, "rule_id": "2", "key": "", "show_identifiers": "true"}))
+    NotebookClient(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    overview, alerts, window, history = (_text(c) for c in code[1:])
+    assert "Burst: 5 or more payments" in overview and "share_near_limit" in overview
+    # Rule 2's only alerting key is payee-C, with four alerts on these transactions.
+    assert "rule 2, key payee-C" in alerts
+    assert all(txn in alerts for txn in ("pay-c4b", "pay-c5", "pay-c6", "pay-c7"))
+    assert "<svg" in window and "Rule 2, key payee-C: window aggregate per batch" in window and "batch peak" in window
+    assert "inserted" in history and '"ruleId": 2' in history
