@@ -401,7 +401,8 @@ def _span(rules: list[dict], keyset: str) -> tuple[int, int]:
         w = parse_duration_ms(r["window"]) if "window" in r else r["windowMinutes"] * MIN
         b = parse_duration_ms(r["bucket"]) if r.get("bucket") else 0
         c = parse_duration_ms(r["cooldown"]) if r.get("cooldown") else 0
-        ret, mem = max(ret, w + b), max(mem, w, c)
+        # a bucketed rule keeps raw events for its open bucket only; older ones live folded in its memory
+        ret, mem = max(ret, b or w), max(mem, w + b, c)
     return ret, mem
 
 
@@ -839,6 +840,40 @@ def test_paused_rule_keeps_retention_deleted_rule_does_not(how):
     assert not [r for r in res.rows if r.get("rule_id") == 2]
     assert stored_times(d, "payeeId", "p1") == [2400, 3000]
     assert res.expiry_ms[state_key("payeeId", "p1")] == T0 + 50 * MIN + MIN
+
+
+LIMITS = {  # each fires now and then on the stream below
+    "SUM": {"limitOperatorType": ">", "limit": 170_000}, "COUNT": {"limitOperatorType": ">", "limit": 395},
+    "AVG": {"limitOperatorType": ">", "limit": 510}, "MIN": {"limitOperatorType": "<", "limit": 10},
+    "MAX": {"limitOperatorType": ">=", "limit": 990}, "UNIQUE_COUNT": {"limitOperatorType": ">", "limit": 11},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("aggregator", sorted(LIMITS))
+def test_bucketed_rule_keeps_folded_buckets_not_raw_events(aggregator):
+    """Two hours of one payee, a 1 h window in 1 min buckets, watermark = newest event: alerts equal the
+    oracle's while the key keeps at most ~2 min of raw events plus at most 61 folded buckets."""
+    rng = random.Random(7)
+    field = "beneficiaryId" if aggregator == "UNIQUE_COUNT" else "paymentAmount"
+    rule = {**sum_rule(window="1h", bucket="1m"), "aggregatorFunctionType": aggregator, "aggregateFieldName": field,
+            **LIMITS[aggregator]}  # fmt: skip
+    events = [
+        {"transactionId": f"e{i:04d}", "eventTime": T0 + i * 9_000, "payeeId": "p1", "beneficiaryId": f"b{rng.randrange(12)}",
+         "paymentAmount": Decimal(rng.randrange(0, 100_000)).scaleb(-2) if rng.random() > 0.1 else None}
+        for i in range(800)
+    ]  # fmt: skip
+    sizes = []
+
+    def hook(d, so_far, batch, wm, result):
+        cols, memory = d.history("payeeId", "p1")
+        sizes.append((len(cols["eventTime"]), len(memory.get(1, {}).get("buckets", {"start": []})["start"])))
+
+    d = run_stream(events, [rule], list(range(10, 800, 10)), lateness=0, on_batch=hook)
+    assert_same_alerts(d.alerts(), oracle(events, [rule]))
+    assert any(d.alerts())
+    raw, folded = zip(*sizes)
+    assert max(raw) <= 2 * 60_000 // 9_000 + 10  # one open bucket + one batch, however long the stream
+    assert max(folded) <= 61 and min(folded[47:]) >= 55  # batches are 90 s: a full window from minute 72 on
 
 
 # ------------------------------------------------------------------------------------------------- 4. late events

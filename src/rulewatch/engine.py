@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from rulewatch import buckets
 from rulewatch.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
 from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, decimal_texts, to_decimal, window_lo, window_start
 
@@ -113,13 +114,15 @@ class RuleBook:
         return out
 
     def retention_ms(self, keyset: str) -> int:
-        """History a key must keep: its widest window among rules not deleted (paused ones resume)."""
-        widths = [r.window_ms + r.bucket_ms for r, _ in self.rules.values() if r.keyset == keyset]
+        """Raw history a key must keep: its widest exact window among rules not deleted (paused
+        ones resume), or the largest bucket of its bucketed rules."""
+        # A bucketed rule needs raw events only for its open bucket; older ones are folded.
+        widths = [r.bucket_ms or r.window_ms for r, _ in self.rules.values() if r.keyset == keyset]
         return max(widths, default=0)
 
     def memory_ms(self, keyset: str) -> int:
-        """How long a key's per-rule memory (cooldown, reported values) stays meaningful."""
-        spans = [max(r.window_ms, r.cooldown_ms) for r, _ in self.rules.values() if r.keyset == keyset]
+        """How long a key's per-rule memory (cooldown, reported values, folded buckets) stays meaningful."""
+        spans = [max(r.window_ms + r.bucket_ms, r.cooldown_ms) for r, _ in self.rules.values() if r.keyset == keyset]
         return max(spans, default=0)
 
 
@@ -231,7 +234,40 @@ def evaluate_batch(
             continue
         for rule, version, cleared in rules:
             rows.extend(_evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories))
+    if watermark_ms > 0:
+        _fold_buckets(key_keyset, cols, group, memories, book, watermark_ms)
     return BatchResult(rows, *_write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms))
+
+
+def _fold_buckets(
+    key_keyset: list[str], cols: Mapping[str, np.ndarray], group: np.ndarray, memories: list[dict], book: RuleBook, watermark_ms: int
+) -> None:
+    """Fold each bucketed rule's buckets that the watermark has closed into its per-key summary
+    (paused rules too, so they resume with their history). Runs before raw history is trimmed."""
+    everything = np.arange(len(group))
+    bounds = np.searchsorted(group, np.arange(len(key_keyset) + 1)).tolist()
+    for rule_id, (rule, _) in book.rules.items():
+        keys = [k for k, ks in enumerate(key_keyset) if ks == rule.keyset]
+        if not rule.bucket_ms or not keys:
+            continue
+        cleared = book.cleared.get(rule_id)
+        sel = np.ones(len(group), dtype=bool)
+        for name, wanted in rule.filter:
+            sel &= _field_text(cols, name) == wanted
+        if cleared is not None:
+            sel &= cols["eventTime"] > cleared
+        values, valid, _ = _rule_values(rule, cols, everything)
+        fp = buckets.fingerprint(rule, cleared)
+        fold_to = watermark_ms // rule.bucket_ms * rule.bucket_ms
+        # Oldest bucket a window of a non-late event can still reach.
+        keep_from = int(window_start(np.array([watermark_ms]), rule.window_ms, rule.bucket_ms)[0])
+        for k in keys:
+            a, z = bounds[k], bounds[k + 1]
+            m = sel[a:z]
+            entry = memories[k].setdefault(rule_id, {"last_alert": None, "reported": {}})
+            entry["buckets"] = buckets.fold(
+                buckets.current(entry, fp), fp, rule, cols["eventTime"][a:z][m], values[a:z][m], valid[a:z][m], fold_to, keep_from
+            )
 
 
 def _concat(old: np.ndarray | list, new: np.ndarray) -> np.ndarray:
@@ -341,9 +377,25 @@ def _prune_memory(memory: dict, horizon: int) -> dict:
     for rule_id, mem in memory.items():
         reported = {v: t for v, t in mem.get("reported", {}).items() if t >= horizon}
         last = mem.get("last_alert")
-        if reported or (last is not None and last >= horizon):
-            pruned[rule_id] = {"last_alert": last, "reported": reported}
+        kept = {"last_alert": last, "reported": reported}
+        # A summary without buckets holds nothing a window can still use.
+        if mem.get("buckets") is not None and len(mem["buckets"]["start"]):
+            kept["buckets"] = mem["buckets"]
+        if reported or (last is not None and last >= horizon) or "buckets" in kept:
+            pruned[rule_id] = kept
     return pruned
+
+
+def newest_time(event_times: np.ndarray, memory: dict) -> int:
+    """The newest event time a key's history or memory refers to (drives its expiry)."""
+    times = [int(event_times.max())] if len(event_times) else []
+    for mem in memory.values():
+        if mem.get("last_alert") is not None:
+            times.append(mem["last_alert"])
+        summary = mem.get("buckets")
+        if summary is not None and len(summary["start"]):
+            times.append(int(summary["start"][-1]))
+    return max(times, default=-(2**62))
 
 
 def _rule_values(rule: Rule, cols: Mapping[str, np.ndarray], sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -387,6 +439,13 @@ def _evaluate_rule(
         sel &= _field_text(cols, name) == wanted
     if cleared is not None:
         sel &= cols["eventTime"] > cleared
+    summaries: list[buckets.Summary | None] = []
+    if rule.bucket_ms:
+        fp = buckets.fingerprint(rule, cleared)
+        summaries = [buckets.current(memory.get(rule.rule_id), fp) for memory in memories]
+        # Raw events before a key's fold point are already in its folded buckets.
+        folded_to = np.array([s["to"] if s else buckets.NOT_FOLDED for s in summaries], dtype=np.int64)
+        sel &= cols["eventTime"] >= folded_to[group]
     idx = np.flatnonzero(sel)
     if len(idx) == 0 or not is_new[idx].any():
         return []
@@ -395,6 +454,7 @@ def _evaluate_rule(
     lo = window_lo(g, t, window_start(t, rule.window_ms, rule.bucket_ms))
     pos = np.flatnonzero(is_new[idx])
     agg = aggregate(rule.aggregator, values, valid, lo, pos)
+    folded_sets = _add_folded_buckets(rule, agg, summaries, pos, g, t, lo, values, valid) if any(summaries) else {}
     value_scale = scale if rule.aggregator not in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) else 0
     holds = compare(rule.operator, agg, rule.limit, value_scale, rule.aggregator)
     tids = cols["transactionId"][idx]
@@ -404,9 +464,9 @@ def _evaluate_rule(
     }  # fmt: skip
     hits = np.flatnonzero(holds)
     at = pos[hits]  # positions (within idx) of the events that fire
-    fired: list[tuple[int, list | None]] = []  # (j, distinct values) of the alerts to emit
+    # (j, distinct values) of the alerts to emit
     if rule.aggregator is Aggregator.UNIQUE_COUNT or rule.cooldown_ms or rule.report_new_values_only:
-        fired = _with_memory(rule, cleared, hits, at, lo, values, valid, g, t, memories)
+        fired = _with_memory(rule, cleared, hits, at, lo, values, valid, g, t, memories, folded_sets)
     else:
         fired = [(j, None) for j in hits.tolist()]
     out: list[dict] = []
@@ -432,6 +492,38 @@ def _evaluate_rule(
     return out
 
 
+def _add_folded_buckets(
+    rule: Rule,
+    agg,
+    summaries: list,
+    pos: np.ndarray,
+    g: np.ndarray,
+    t: np.ndarray,
+    lo: np.ndarray,
+    values: np.ndarray,
+    valid: np.ndarray,
+) -> dict[int, frozenset]:
+    """Add each key's folded buckets inside the window to its events' aggregates; for
+    UNIQUE_COUNT, return the folded distinct values per position in ``pos`` that has any."""
+    agg.count, agg.nonnull = agg.count.copy(), agg.nonnull.copy()
+    starts = window_start(t[pos], rule.window_ms, rule.bucket_ms)
+    keys = g[pos]
+    runs = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
+    folded: dict[int, frozenset] = {}
+    for a, z in zip(runs[:-1].tolist(), runs[1:].tolist()):
+        summary = summaries[int(keys[a])]
+        if summary is None or not len(summary["start"]):
+            continue
+        suffixes = buckets.Suffixes(summary)
+        first = suffixes.first_at_or_after(starts[a:z])
+        raw_sets = None
+        if rule.aggregator is Aggregator.UNIQUE_COUNT:
+            raw_sets = [set(values[lo[p] : p + 1][valid[lo[p] : p + 1]].tolist()) for p in pos[a:z].tolist()]
+            folded.update((a + k, suffixes.distinct(int(i))) for k, i in enumerate(first.tolist()))
+        buckets.add_folded(rule.aggregator, agg, np.arange(a, z), suffixes, first, raw_sets)
+    return folded
+
+
 def _with_memory(
     rule: Rule,
     cleared: int | None,
@@ -443,6 +535,7 @@ def _with_memory(
     g: np.ndarray,
     t: np.ndarray,
     memories: list[dict],
+    folded_sets: Mapping[int, frozenset],
 ) -> list[tuple[int, list | None]]:
     """The firing positions that survive the rule's cooldown / reported-values memory, in event
     order (each alert updates the memory the next one sees), with their distinct values."""
@@ -450,8 +543,8 @@ def _with_memory(
     for j, p in zip(hits.tolist(), at.tolist()):
         distinct = None
         if rule.aggregator is Aggregator.UNIQUE_COUNT:
-            window_vals = values[lo[p] : p + 1][valid[lo[p] : p + 1]]
-            distinct = sorted({str(v) for v in window_vals})
+            window_vals = values[lo[p] : p + 1][valid[lo[p] : p + 1]].tolist()
+            distinct = sorted({str(v) for v in [*window_vals, *folded_sets.get(j, ())]})
         if not (rule.cooldown_ms or rule.report_new_values_only):
             fired.append((j, distinct))
             continue

@@ -25,7 +25,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState,
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from rulewatch.commands import CLEAR_STATE
-from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry
+from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
 from rulewatch.schema import RULE_FIELDS
 from rulewatch.windows import MAX_SPAN_MS
 
@@ -260,8 +260,7 @@ class RuleProcessor(StatefulProcessor):
                 continue
             cols, memory = decode_history(blob)
             keyset = state_key.split(KEY_SEPARATOR, 1)[0]
-            last = int(cols["eventTime"].max()) if len(cols["eventTime"]) else -(2**62)
-            last = max([last, *(m["last_alert"] or last for m in memory.values())])
+            last = newest_time(cols["eventTime"], memory)
             expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
             if expires < watermark:
                 self.history.put(state_key, None)
