@@ -1,0 +1,521 @@
+"""Live mode: the pipeline as continuous streams (``rulewatch stream``), with a generator (``rulewatch demo``).
+
+The three layers run as the same queries the batch job uses, on processing-time triggers; a
+monitor on the driver turns their progress and the new rows of ``gold/alerts`` into a progress
+line, and the demo scores the alerts against the generator's labels. Stopping (Ctrl-C, or the end
+of a demo) stops each query between micro-batches, so the checkpoints stay usable and the next
+start continues from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch import generate
+from rulewatch.bronze import start_bronze
+from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.metrics import percentile
+from rulewatch.pipeline import ensure_all_tables
+from rulewatch.silver import start_silver
+from rulewatch.sinks import table_ref
+
+LAYERS = ("bronze", "silver", "gold")
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.json"]
+Log = Callable[[str], None]
+
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
+    gold: GoldSettings = GoldSettings(shards=4)
+    shuffle_partitions: int | None = None  # session value for new checkpoints (stateful ones keep theirs)
+    # Gold runs in event-time mode: with no-data batches on, every batch that moves the watermark is
+    # followed by an empty one that only fires timers, and the next events wait behind it. Live
+    # traffic never stops for long, so timers can fire in the next data batch instead.
+    gold_no_data_batches: bool = False
+
+
+def _start_gold(spark: SparkSession, lakehouse: Lakehouse, settings: LiveSettings) -> StreamingQuery:
+    """Start gold with its own no-data-batch setting (a query reads it once, when it starts)."""
+    previous = spark.conf.get(NO_DATA_BATCHES, None)
+    spark.conf.set(NO_DATA_BATCHES, str(settings.gold_no_data_batches).lower())
+    try:
+        return start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)
+    finally:
+        if previous is None:
+            spark.conf.unset(NO_DATA_BATCHES)
+        else:
+            spark.conf.set(NO_DATA_BATCHES, previous)
+
+
+def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
+    """Bronze, silver and gold as continuous queries, in data-flow order."""
+    if settings.shuffle_partitions:
+        spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+    ensure_all_tables(spark, lakehouse)
+    live = {"available_now": False, "processing_time": settings.trigger}
+    return [
+        start_bronze(spark, landing, lakehouse, **live),
+        start_silver(spark, lakehouse, **live),
+        _start_gold(spark, lakehouse, settings),
+    ]
+
+
+def stop_streams(queries: Iterable[StreamingQuery]) -> None:
+    """Stop upstream first; each ``stop`` lets the running micro-batch's commit finish or not start."""
+    for query in queries:
+        query.stop()
+
+
+def _epoch_ms(timestamp: str) -> int:
+    return int(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+@dataclass
+class LayerProgress:
+    """What one query has done since the monitor started, from its progress reports."""
+
+    rows: int = 0
+    last_start_ms: int = -1  # trigger start of the newest report folded in
+    last_duration_ms: int = 0
+    batch_ms: list[int] = field(default_factory=list)  # duration of every batch that read rows
+    sources: dict[str, Any] = field(default_factory=dict)  # source description -> end offset, newest report
+
+    def update(self, reports: list[dict]) -> int:
+        """Fold in reports not seen yet; returns the rows they read.
+
+        Reports are told apart by trigger start, not batch id: an idle query reports the id of the
+        batch it has not run yet, and the batch that then runs reports the same id.
+        """
+        new = [p for p in reports if _epoch_ms(p["timestamp"]) > self.last_start_ms]
+        for p in new:
+            duration = p["durationMs"].get("triggerExecution", 0)
+            if p["numInputRows"]:
+                self.batch_ms.append(duration)
+            self.last_start_ms, self.last_duration_ms = _epoch_ms(p["timestamp"]), duration
+            self.sources = {s["description"]: s["endOffset"] for s in p["sources"]}
+        rows = sum(p["numInputRows"] for p in new)
+        self.rows += rows
+        return rows
+
+    def has_read(self, table: str, version: int) -> bool:
+        """Whether this query's Delta source on ``table`` is past ``version`` (its offset names the next one)."""
+        for description, offset in self.sources.items():
+            if table in description and offset:
+                offset = json.loads(offset) if isinstance(offset, str) else offset
+                return offset["reservoirVersion"] > version
+        return False
+
+
+@dataclass
+class Alert:
+    rule_id: int
+    group_key: str
+    transaction_id: str
+    aggregate: str
+    event_count: int
+    decision_ms: int
+    latency_ms: int | None  # bronze ingest -> alert decision
+    event_latency_ms: int  # event time -> alert decision
+
+
+@dataclass
+class Monitor:
+    """Polls the queries' progress and the new rows of ``gold/alerts`` (from the driver, between batches)."""
+
+    spark: SparkSession
+    lakehouse: Lakehouse
+    queries: list[StreamingQuery]
+    layers: dict[str, LayerProgress] = field(default_factory=lambda: {name: LayerProgress() for name in LAYERS})
+    alerts: list[Alert] = field(default_factory=list)
+    _last_gold_batch: int = -1
+    _last_poll: float = field(default_factory=time.monotonic)
+
+    def _new_alerts(self) -> list[Alert]:
+        alerts = self.spark.read.format("delta").load(self.lakehouse.alerts).where(F.col("gold_batch_id") > self._last_gold_batch)
+        decision = F.unix_millis("decision_time")
+        rows = alerts.select(
+            "rule_id",
+            "group_key",
+            "transaction_id",
+            F.col("aggregate_value").cast("string").alias("aggregate"),
+            "event_count",
+            "gold_batch_id",
+            decision.alias("decision_ms"),
+            F.coalesce("latency_ms", decision - F.unix_millis("ingest_time")).alias("latency_ms"),
+            (decision - F.unix_millis("event_time")).alias("event_latency_ms"),
+        ).collect()
+        if rows:
+            self._last_gold_batch = max(r.gold_batch_id for r in rows)
+        return [Alert(**{k: v for k, v in r.asDict().items() if k != "gold_batch_id"}) for r in rows]
+
+    def poll(self) -> tuple[str, list[Alert]]:
+        """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll."""
+        now = time.monotonic()
+        seconds = max(now - self._last_poll, 1e-3)
+        self._last_poll = now
+        for query in self.queries:
+            if query.exception() is not None:
+                raise RuntimeError(f"{query.name} stopped with an error: {query.exception()}")
+        rates = [
+            f"{name} {layer.update(query.recentProgress) / seconds:7.0f} rows/s"
+            for (name, layer), query in zip(self.layers.items(), self.queries)
+        ]
+        new = self._new_alerts()
+        self.alerts += new
+        latencies = [a.latency_ms for a in new if a.latency_ms is not None]
+        latency = f"{max(latencies) / 1000:5.2f}s" if latencies else "  n/a"
+        gold_batch = self.layers["gold"].last_duration_ms / 1000
+        line = f"{' | '.join(rates)} | alerts {len(new) / seconds:5.1f}/s | latency {latency} | gold batch {gold_batch:4.1f}s"
+        return line, new
+
+    def _latest_version(self, table: str) -> int:
+        return self.spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()["version"]
+
+    def caught_up(self, landed_events: int) -> bool:
+        """Bronze has read every landed event, and silver and gold every commit of the table before them.
+
+        Checked upstream first: a layer's progress is reported after its batch committed, so once
+        silver has read bronze's latest commit, silver's own latest commit holds all of it.
+        """
+        layers = self.layers
+        return (
+            layers["bronze"].rows >= landed_events
+            and layers["silver"].has_read(self.lakehouse.bronze_transactions, self._latest_version(self.lakehouse.bronze_transactions))
+            and layers["gold"].has_read(self.lakehouse.silver_transactions, self._latest_version(self.lakehouse.silver_transactions))
+        )
+
+
+def latency_summary(values: list[int]) -> str:
+    if not values:
+        return "n/a (no alert carried the time stamps)"
+    p = {q: percentile(values, q) / 1000 for q in (50, 95, 99, 100)}
+    return f"p50 {p[50]:.2f}s  p95 {p[95]:.2f}s  p99 {p[99]:.2f}s  max {p[100]:.2f}s  ({len(values)} alerts)"
+
+
+@dataclass
+class PatternScore:
+    pattern: str
+    rule_id: int
+    injected: int = 0
+    caught: int = 0
+    detection_ms: list[int] = field(default_factory=list)  # instance start -> its first alert
+
+    @property
+    def missed(self) -> int:
+        return self.injected - self.caught
+
+
+@dataclass
+class Score:
+    patterns: dict[str, PatternScore]
+    false_positives: list[Alert]
+
+    def lines(self) -> list[str]:
+        out = []
+        for s in self.patterns.values():
+            delay = f", detected {percentile(s.detection_ms, 50) / 1000:.1f}s after start (median)" if s.detection_ms else ""
+            out.append(f"  {s.pattern:<15} rule {s.rule_id}: injected {s.injected}, caught {s.caught}, missed {s.missed}{delay}")
+        keys = sorted({(a.rule_id, a.group_key) for a in self.false_positives})
+        out.append(f"  false positives: {len(self.false_positives)} alert(s) on {len(keys)} unlabelled key(s)")
+        out += [f"    rule {rule_id} key {key}" for rule_id, key in keys[:10]]
+        return out
+
+
+def score(alerts: list[Alert], labels: list[generate.Label]) -> Score:
+    """An instance is caught if its rule alerted on its key; an alert on no labelled (rule, key) is a false positive."""
+    first: dict[tuple[int, str], int] = {}
+    for a in alerts:
+        key = (a.rule_id, a.group_key)
+        first[key] = min(first.get(key, a.decision_ms), a.decision_ms)
+    patterns = {p: PatternScore(p, generate.PATTERN_RULES[p]) for p in generate.PATTERNS}
+    for label in labels:
+        s = patterns[label.pattern]
+        s.injected += 1
+        decided = first.get((label.rule_id, label.group_key))
+        if decided is not None:
+            s.caught += 1
+            s.detection_ms.append(decided - label.start_ms)
+    labelled = {(label.rule_id, label.group_key) for label in labels}
+    return Score(patterns, [a for a in alerts if (a.rule_id, a.group_key) not in labelled])
+
+
+def _alert_line(a: Alert) -> str:
+    latency = f"{a.latency_ms / 1000:.2f}s after ingest" if a.latency_ms is not None else "latency n/a"
+    return f"  ALERT rule {a.rule_id} key {a.group_key}  txn {a.transaction_id}  value {a.aggregate}  ({latency})"
+
+
+def _wait_started(monitor: Monitor, timeout: float = 180) -> None:
+    """Until every query has finished a first micro-batch (JVM, Python workers and state stores warm)."""
+    deadline = time.monotonic() + timeout
+    while any(q.lastProgress is None for q in monitor.queries):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the streams did not finish a first micro-batch within {timeout:.0f}s")
+        for q in monitor.queries:
+            if q.exception() is not None:
+                raise RuntimeError(f"{q.name} failed while starting: {q.exception()}")
+        time.sleep(0.5)
+    monitor.poll()
+
+
+def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float = 1.0, show_alerts: int = 5) -> None:
+    """Print a progress line (and up to ``show_alerts`` new alerts) every ``every`` seconds until ``until()``."""
+    while not until():
+        time.sleep(every)
+        line, new = monitor.poll()
+        log(line)
+        for a in new[:show_alerts]:
+            log(_alert_line(a))
+        if len(new) > show_alerts:
+            log(f"  ... and {len(new) - show_alerts} more alert(s)")
+
+
+@dataclass
+class DemoReport:
+    generated: generate.GenerateResult
+    score: Score
+    latency_ms: list[int]
+    event_latency_ms: list[int]
+    caught_up: bool
+    drain_seconds: float  # generator end -> streams caught up: ~one pass through the layers unless a backlog grew
+    batch_ms: dict[str, list[int]]  # per layer, every micro-batch that read rows
+
+    def lines(self) -> list[str]:
+        g = self.generated
+        return [
+            f"generated {g.events:,} events in {g.seconds:.0f}s ({g.rate:,.0f}/s), {g.labels} injected pattern instance(s)",
+            f"streams caught up {self.drain_seconds:.1f}s after the generator stopped"
+            if self.caught_up
+            else f"streams had NOT caught up {self.drain_seconds:.0f}s after the generator stopped (backlog)",
+            "detection per injected pattern:",
+            *self.score.lines(),
+            f"ingest -> alert latency: {latency_summary(self.latency_ms)}",
+            f"event  -> alert latency: {latency_summary(self.event_latency_ms)}",
+            "micro-batch time: " + " | ".join(
+                f"{name} p50 {percentile(ms, 50) / 1000:.2f}s max {max(ms) / 1000:.2f}s ({len(ms)})" if ms else f"{name} -"
+                for name, ms in self.batch_ms.items()
+            ),
+        ]
+
+
+def demo(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    landing: Path,
+    labels: Path,
+    config: generate.GeneratorConfig,
+    settings: LiveSettings = LiveSettings(),
+    drain_timeout: float = 120,
+    log: Log = print,
+) -> DemoReport:
+    """Start the streams, then the generator; follow both; let the streams drain; score and summarise.
+
+    The caller applies the rules first (``DEMO_RULES``). Ctrl-C stops the generator and the streams
+    cleanly and still reports what was scored so far.
+    """
+    generate.check_folders(landing, labels)
+    landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
+    queries = start_streams(spark, lakehouse, str(landing), settings)
+    monitor = Monitor(spark, lakehouse, queries)
+    stop = threading.Event()
+    result: list[generate.GenerateResult] = []
+    caught_up, drain_seconds = False, 0.0
+    try:
+        log("waiting for the streams' first micro-batch ...")
+        _wait_started(monitor)
+        log(f"generating {config.rate:,.0f} events/s for {config.duration:.0f}s (run {config.run_id})")
+        generator = threading.Thread(target=lambda: result.append(generate.run(config, landing, labels, stop)), daemon=True)
+        generator.start()
+        follow(monitor, lambda: not generator.is_alive(), log)
+        generator_end = time.monotonic()
+        landed = result[0].events if result else 0
+        log(f"generator done ({landed:,} events); letting the streams catch up ...")
+        follow(monitor, lambda: monitor.caught_up(landed) or time.monotonic() > generator_end + drain_timeout, log)
+        caught_up, drain_seconds = monitor.caught_up(landed), time.monotonic() - generator_end
+    except KeyboardInterrupt:
+        log("interrupted: stopping the generator and the streams")
+    finally:
+        stop.set()
+        stop_streams(queries)
+    run_prefix = f"{config.run_id}-"
+    alerts = [a for a in monitor.alerts if a.transaction_id.startswith(run_prefix)]
+    run_labels = [label for label in generate.read_labels(labels) if label.transaction_ids[0].startswith(run_prefix)]
+    return DemoReport(
+        generated=result[0] if result else generate.GenerateResult(0, 0, 0, 0.0),
+        score=score(alerts, run_labels),
+        latency_ms=[a.latency_ms for a in alerts if a.latency_ms is not None],
+        event_latency_ms=[a.event_latency_ms for a in alerts],
+        caught_up=caught_up,
+        drain_seconds=drain_seconds,
+        batch_ms={name: layer.batch_ms for name, layer in monitor.layers.items()},
+    )
+
+
+def stream(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    landing: str,
+    settings: LiveSettings = LiveSettings(),
+    duration: float | None = None,
+    log: Log = print,
+) -> Monitor:
+    """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
+    queries = start_streams(spark, lakehouse, landing, settings)
+    monitor = Monitor(spark, lakehouse, queries)
+    deadline = time.monotonic() + duration if duration else float("inf")
+    try:
+        follow(monitor, lambda: time.monotonic() > deadline, log)
+    except KeyboardInterrupt:
+        log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
+    finally:
+        stop_streams(queries)
+    return monitor
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace) -> LiveSettings:
+    return LiveSettings(
+        trigger=args.trigger,
+        gold=GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness),
+        shuffle_partitions=args.shuffle_partitions,
+        gold_no_data_batches=args.gold_no_data_batches,
+    )
+
+
+def _apply_rules(spark: SparkSession, lakehouse: Lakehouse, files: list[str], log: Log) -> None:
+    from rulewatch.rules_table import apply_rules_file
+
+    for path in files:
+        for change in apply_rules_file(spark, lakehouse, path):
+            log(f"rules: {change}")
+
+
+def _check_files(files: list[str]) -> str | None:
+    missing = [f for f in files if not Path(f).is_file()]
+    return f"rules file(s) not found: {', '.join(missing)}" if missing else None
+
+
+def _config(args: argparse.Namespace, duration: float, run_id: str | None) -> generate.GeneratorConfig:
+    return generate.GeneratorConfig(
+        args.rate, duration, args.seed, run_id or generate.new_run_id(), args.file_interval, args.pattern_every
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    landing = Path(args.landing)
+    labels = Path(args.labels) if args.labels else landing.with_name(f"{landing.name}-labels")
+    try:
+        config = _config(args, args.duration, args.run_id)
+        generate.check_folders(landing, labels)
+    except ValueError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
+    print(f"rulewatch generate: run {config.run_id}, {config.rate:,.0f} events/s for {config.duration:.0f}s into {landing}, labels in {labels}")
+    try:
+        result = generate.run(config, landing, labels)
+    except KeyboardInterrupt:
+        print("interrupted")
+        return 130
+    print(f"{result.events:,} events in {result.files} files, {result.labels} pattern instance(s), {result.rate:,.0f} events/s achieved")
+    return 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from rulewatch.lakehouse import exclusive
+    from rulewatch.session import get_spark
+
+    lakehouse = Lakehouse(args.lakehouse)
+    landing = Path(args.landing or Path(lakehouse.root, "landing"))
+    if error := _check_files(args.rules):
+        print(f"rulewatch: {error}", file=sys.stderr)
+        return 2
+    landing.mkdir(parents=True, exist_ok=True)
+    with exclusive(lakehouse):
+        spark = get_spark("rulewatch-stream")
+        _apply_rules(spark, lakehouse, args.rules, print)
+        print(f"rulewatch stream: {landing} -> {lakehouse.root}, trigger {args.trigger!r}; Ctrl-C stops cleanly")
+        stream(spark, lakehouse, str(landing.resolve()), _settings(args), args.duration)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rulewatch.lakehouse import exclusive
+    from rulewatch.session import get_spark
+
+    lakehouse = Lakehouse(args.lakehouse)
+    landing, labels = Path(lakehouse.root, "landing"), Path(lakehouse.root, "labels")
+    rules = args.rules or [str(p) for p in DEMO_RULES]
+    try:
+        config = _config(args, args.minutes * 60, None)
+    except ValueError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
+    if error := _check_files(rules):
+        print(f"rulewatch: {error}", file=sys.stderr)
+        return 2
+    with exclusive(lakehouse):
+        spark = get_spark("rulewatch-demo")
+        _apply_rules(spark, lakehouse, rules, print)
+        report = demo(spark, lakehouse, landing, labels, config, _settings(args))
+    print("\n".join(report.lines()))
+    return 0 if report.caught_up else 1
+
+
+def _stream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    parser.add_argument("--trigger", default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
+    parser.add_argument("--shards", type=int, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
+    parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions for new checkpoints")
+    parser.add_argument("--allowed-lateness", default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
+
+
+def _generator_options(parser: argparse.ArgumentParser, rate: float) -> None:
+    parser.add_argument("--rate", type=float, default=rate, help=f"events per second (default {rate:,.0f})")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--file-interval", type=float, default=0.2, help="seconds between landing files (default 0.2)")
+    parser.add_argument("--pattern-every", type=float, default=5.0, help="seconds between injected pattern instances; 0: none")
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``generate``, ``stream`` and ``demo`` on the main parser's subparsers."""
+    gen = subparsers.add_parser("generate", help="land labelled live traffic (JSON lines) at a steady rate")
+    gen.add_argument("--landing", required=True, help="landing folder the stream reads")
+    gen.add_argument("--labels", help="folder for the injected patterns' labels (default: <landing>-labels, beside it)")
+    gen.add_argument("--duration", type=float, default=60, help="seconds of traffic (default 60)")
+    gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
+    _generator_options(gen, 1000)
+    gen.set_defaults(func=cmd_generate)
+
+    live = subparsers.add_parser("stream", help="run bronze -> silver -> gold continuously until Ctrl-C")
+    _stream_options(live)
+    live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
+    live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
+    live.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    live.set_defaults(func=cmd_stream)
+
+    dem = subparsers.add_parser("demo", help="generator + stream together, alerts as they land, detection score and latency")
+    _stream_options(dem)
+    dem.add_argument("--minutes", type=float, default=2, help="minutes of generated traffic (default 2)")
+    dem.add_argument("--rules", action="append", help="rules file to MERGE first (repeatable; default: fixtures/rules.json + live_rules.json)")
+    _generator_options(dem, 1000)
+    dem.set_defaults(func=cmd_demo)
