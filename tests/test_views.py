@@ -207,3 +207,8 @@ def test_catalog_statements_qualify_views_and_test_group_membership():
 def test_catalog_statements_reject_unsafe_names(catalog, group, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         catalog_view_statements(catalog, "rulewatch", Lakehouse("/Volumes/main/rulewatch/lakehouse"), group)
+
+
+def test_views_answer_empty_on_a_lakehouse_that_has_not_run_yet(spark, tmp_path):
+    register_views(spark, Lakehouse(str(tmp_path / "fresh")), viewer_in_pii_group=False)
+    assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from delta.tables import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from rulewatch import schema
@@ -232,15 +232,22 @@ def register_views(spark: SparkSession, lakehouse: Lakehouse, viewer_in_pii_grou
     empty, so the views answer on a lakehouse that has not run every layer.
     """
     for name, (layer, table, table_schema) in SOURCES.items():
-        path = lakehouse.table(layer, table)
-        if DeltaTable.isDeltaTable(spark, path):
-            frame = schema.conform(spark.read.format("delta").load(path), table_schema)
-        else:
-            frame = spark.createDataFrame([], table_schema)
-        frame.createOrReplaceTempView(_local_source_name(name))
+        _read_or_empty(spark, lakehouse.table(layer, table), table_schema).createOrReplaceTempView(_local_source_name(name))
     sources = {name: _local_source_name(name) for name in SOURCES} | {name: name for name in VIEW_NAMES}
     for view in VIEWS:
         spark.sql(f"CREATE OR REPLACE TEMP VIEW {view.name} AS {render(view, sources, str(viewer_in_pii_group).upper())}")
+
+
+def _read_or_empty(spark: SparkSession, path: str, table_schema: StructType) -> DataFrame:
+    """The Delta table at ``path`` conformed to ``table_schema``; an empty one if nothing is there yet."""
+    try:
+        frame = spark.read.format("delta").load(path)
+        frame.columns  # analysis is lazy under Spark Connect: fail here, not in the first query
+    except AnalysisException as err:
+        if err.getCondition() not in ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND"):
+            raise
+        return spark.createDataFrame([], table_schema)
+    return schema.conform(frame, table_schema)
 
 
 def catalog_view_statements(catalog: str, schema_name: str, lakehouse: Lakehouse, pii_group: str) -> list[str]:
@@ -262,3 +269,10 @@ def catalog_view_statements(catalog: str, schema_name: str, lakehouse: Lakehouse
     return [
         f"CREATE OR REPLACE VIEW {qualified[v.name]} COMMENT '{v.comment}' AS {render(v, sources, member)}" for v in VIEWS
     ]
+
+
+def create_catalog_views(spark: SparkSession, catalog: str, schema_name: str, lakehouse: Lakehouse, pii_group: str) -> list[str]:
+    """Create or replace every view in ``catalog.schema_name`` (on Databricks); returns the view names created."""
+    for statement in catalog_view_statements(catalog, schema_name, lakehouse, pii_group):
+        spark.sql(statement)
+    return [f"{catalog}.{schema_name}.{name}" for name in VIEW_NAMES]
