@@ -1,0 +1,229 @@
+"""Exactly-once under SIGKILL: a run killed at any point and restarted ends where an uninterrupted run ends.
+
+One lakehouse is driven by ``python -m rulewatch.cli run`` subprocesses over two landed files. Each
+attempt but the last per file is killed: at fixed points inside the idempotent writes (the
+``RULEWATCH_CRASH_AT`` hook in sinks.py, including between two gold tables of one micro-batch)
+and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
+the same files. The checkpoint checks (checkpoints.py) are tested on copies of the crashed lakehouse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from conftest import FIXTURES, ROOT
+from rulewatch.checkpoints import CheckpointError, committed_batches, last_planned_batch
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
+from rulewatch.sinks import CRASH_AT_ENV, append_once, ensure_table
+
+RULES = str(FIXTURES / "rules.json")
+# Columns that record when a row was processed, not what was decided: they differ between any two runs.
+PROCESSING_COLUMNS = {"decision_time", "ingest_time", "latency_ms", "gold_batch_id"}
+START = datetime(2026, 11, 1, 8, 0, tzinfo=timezone.utc)
+
+
+def _events(rng: random.Random, start: datetime, count: int, prefix: str) -> list[str]:
+    """``count`` payment / login lines in time order (a few seconds apart), one malformed and one repeated line."""
+    lines, now = [], start
+    for i in range(count):
+        now += timedelta(seconds=rng.randint(5, 40))
+        ms = int(now.timestamp() * 1000)
+        if rng.random() < 0.7:
+            event = {"transactionId": f"{prefix}-p{i}", "eventTime": ms, "payeeId": f"payee-{rng.randint(0, 4)}",
+                     "beneficiaryId": f"ben-{rng.randint(0, 1)}", "paymentAmount": rng.randint(50, 400),
+                     "paymentType": rng.choice(["CSH", "CRD"])}  # fmt: skip
+        else:
+            event = {"transactionId": f"{prefix}-l{i}", "eventTime": ms, "userId": f"u-{rng.randint(0, 2)}",
+                     "ip": f"203.0.113.{rng.randint(1, 8)}", "action": "login"}  # fmt: skip
+        lines.append(json.dumps(event))
+    lines.insert(count // 2, lines[count // 3])  # a repeated transaction id
+    lines.insert(count // 4, '{"transactionId": "' + prefix + '-torn", "eventTime": 17')  # a torn line
+    return lines
+
+
+def _files() -> list[tuple[str, list[str]]]:
+    rng = random.Random(7)
+    first = _events(rng, START, 150, "a")
+    second = _events(rng, START + timedelta(hours=2), 150, "b")
+    return [("part-1.jsonl", first), ("part-2.jsonl", second)]
+
+
+def _land(landing: Path, name: str, lines: list[str]) -> None:
+    landing.mkdir(parents=True, exist_ok=True)
+    tmp = landing.parent / f".{name}.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(landing / name)  # appears whole, as a real upload would
+
+
+def _reap(group: int) -> None:
+    """Kill what is left of an attempt (the JVM outlives a killed Python driver for a moment)."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"process group {group} survived SIGKILL")
+
+
+def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:
+    """One ``rulewatch run``; returns its exit code (-9 when killed)."""
+    env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
+    if crash_at:
+        env[CRASH_AT_ENV] = crash_at
+    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root,
+               "--transactions", str(landing), "--rules", RULES]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=kill_after or 600)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    _reap(process.pid)
+    if process.returncode not in (0, -signal.SIGKILL):
+        # Spark appends whole query plans to its errors; the lines naming an error are what matter.
+        errors = [line[:400] for line in output.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
+        raise AssertionError(f"attempt {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
+    return process.returncode
+
+
+def _next_gold_batch(lakehouse: Lakehouse) -> int:
+    return last_planned_batch(lakehouse.checkpoint("gold")) + 1
+
+
+@dataclass
+class Crashed:
+    lakehouse: Lakehouse
+    reference: Lakehouse
+    landed_lines: int
+    kills: list[str]
+
+
+@pytest.fixture(scope="module")
+def crashed(spark, tmp_path_factory) -> Crashed:
+    root = tmp_path_factory.mktemp("crash")
+    (part1, lines1), (part2, lines2) = _files()
+
+    reference = Lakehouse(str(root / "reference"))
+    for name, lines in [(part1, lines1), (part2, lines2)]:
+        _land(root / "reference-landing", name, lines)
+        run_all(spark, reference, str(root / "reference-landing"), RULES, log=lambda _: None)
+
+    lakehouse, landing, kills = Lakehouse(str(root / "lakehouse")), root / "landing", []
+    _land(landing, part1, lines1)
+    for point in ["rulewatch.bronze.transactions:0:after",  # bronze committed, its checkpoint not
+                  "rulewatch.silver.quarantine:0:after",  # silver half written
+                  "rulewatch.gold.alerts:0:after"]:  # alerts committed, window_metrics of the same batch not
+        assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
+        kills.append(point)
+    seconds = random.Random(time.time_ns()).uniform(15, 45)  # wall-clock: wherever the run happens to be
+    if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
+        kills.append(f"random kill after {seconds:.0f}s")
+    assert _attempt(lakehouse, landing) == 0
+
+    _land(landing, part2, lines2)
+    point = f"rulewatch.gold.alerts:{_next_gold_batch(lakehouse)}:before"  # a later micro-batch, nothing written yet
+    assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
+    kills.append(point)
+    assert _attempt(lakehouse, landing) == 0
+    return Crashed(lakehouse, reference, len(lines1) + len(lines2), kills)
+
+
+def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
+    alerts = spark.read.format("delta").load(lakehouse.alerts)
+    decided = [c for c in alerts.columns if c not in PROCESSING_COLUMNS]
+    return sorted(tuple(r) for r in alerts.select(*[F.col(c).cast("string") for c in decided]).collect())
+
+
+def test_killed_and_restarted_runs_give_exactly_the_uninterrupted_alerts(spark, crashed):
+    assert len(crashed.kills) >= 5, crashed.kills
+    expected, actual = _alerts(spark, crashed.reference), _alerts(spark, crashed.lakehouse)
+    assert len(expected) > 20  # the generated stream makes the rules fire
+    assert actual == expected  # no alert missing, none twice
+    ids = [r.alert_id for r in spark.read.format("delta").load(crashed.lakehouse.alerts).select("alert_id").collect()]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_landed_line_is_accounted_for_exactly_once(spark, crashed):
+    after, before = summarize(spark, crashed.lakehouse), summarize(spark, crashed.reference)
+    assert after.bronze == crashed.landed_lines  # no file ingested twice, no line lost
+    assert after.balanced
+    assert (after.silver, after.quarantined, after.duplicates, after.late) == (before.silver, before.quarantined, before.duplicates, before.late)
+    assert (after.quarantined, after.duplicates) == (2, 2)
+    bronze = spark.read.format("delta").load(crashed.lakehouse.bronze_transactions)
+    assert bronze.groupBy("value", "source_file").count().where("count > 1").count() == 2  # only the repeated lines
+
+
+@pytest.fixture
+def copy(crashed, tmp_path) -> Lakehouse:
+    """A private copy of the crashed lakehouse, free to damage."""
+    shutil.copytree(crashed.lakehouse.root, tmp_path / "lakehouse")
+    return Lakehouse(str(tmp_path / "lakehouse"))
+
+
+def test_a_missing_checkpoint_fails_instead_of_skipping_new_batches(spark, copy):
+    shutil.rmtree(copy.checkpoint("gold"))
+    with pytest.raises(CheckpointError) as err:
+        run_gold(spark, copy, log=lambda _: None)
+    message = str(err.value)
+    assert f"checkpoint {copy.checkpoint('gold')} is missing or empty" in message
+    assert f"{copy.alerts} already holds batch" in message and "docs/reliability.md" in message
+    for path in Path(copy.checkpoint("bronze"), "offsets").iterdir():
+        path.unlink()  # emptied rather than removed: the same danger
+    with pytest.raises(CheckpointError, match="is missing or empty"):
+        run_bronze(spark, copy, str(Path(copy.root).parent / "unused"), log=lambda _: None)
+
+
+@pytest.mark.parametrize("damaged", ["metadata", "offsets", "commits"])
+def test_a_corrupt_checkpoint_names_the_file_and_the_recovery(spark, copy, damaged):
+    checkpoint = Path(copy.checkpoint("silver"))
+    target = checkpoint / "metadata" if damaged == "metadata" else checkpoint / damaged / str(last_planned_batch(str(checkpoint)))
+    target.write_bytes(b"\x00garbage{")
+    with pytest.raises(CheckpointError) as err:
+        run_silver(spark, copy, log=lambda _: None)
+    assert f"checkpoint file {target} is corrupt" in str(err.value)
+    assert "restore the checkpoint folder from a backup or rebuild the layer" in str(err.value).lower()
+
+
+def test_an_older_checkpoint_than_the_tables_is_refused(spark, copy):
+    offsets = Path(copy.checkpoint("gold"), "offsets")
+    newest = max(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    for folder in ("offsets", "commits"):
+        Path(copy.checkpoint("gold"), folder, str(newest)).unlink()  # as if restored from a backup one batch old
+    with pytest.raises(CheckpointError, match=f"has batches only up to {newest - 1}, but .* already holds batch {newest}"):
+        run_gold(spark, copy, log=lambda _: None)
+
+
+def test_committed_batches_survive_delta_log_checkpoints_and_cleanup(spark, tmp_path):
+    table = str(tmp_path / "t")
+    ensure_table(spark, table, spark.range(1).schema, properties={"delta.checkpointInterval": "2"})
+    for batch in range(3):
+        append_once(spark.range(1), table, "rulewatch.test.t", batch)
+    append_once(spark.range(1), table, "rulewatch.other.t", 7)
+    log = Path(table, "_delta_log")
+    assert list(log.glob("*.checkpoint*.parquet"))
+    for commit in log.glob("0000000000000000000[0-2].json"):
+        commit.unlink()  # what log cleanup does once a checkpoint covers them
+    assert committed_batches(table, "rulewatch.test.") == {"rulewatch.test.t": 2}
+    assert committed_batches(table, "rulewatch.") == {"rulewatch.test.t": 2, "rulewatch.other.t": 7}
