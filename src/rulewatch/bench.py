@@ -173,3 +173,57 @@ def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 m
         query.stop()
         shutil.rmtree(root, ignore_errors=True)
     return latencies
+
+
+@dataclass
+class CurvePoint:
+    window_events: int  # events per key inside one window
+    exact_us: float  # evaluator microseconds per event, exact window
+    bucketed_us: float  # the same rule with 1-minute buckets
+    exact_rows: int  # raw events stored per key after the run
+    bucketed_rows: int
+
+
+def scale_curve(window_events: list[int], keys: int = 100, batch_events: int = 5_000, batches: int = 10) -> list[CurvePoint]:
+    """Engine-only (no Spark): per-event cost of a 1 h SUM rule as its window fills with more
+    events per key, exact vs bucketed. State round trips are per key, not per window event, so
+    the engine is where window size shows. Each point fills one window, then times ``batches``."""
+    from rulewatch.engine import RuleBook, decode_history, evaluate_batch
+
+    hour = 3_600_000
+    points = []
+    for per_window in window_events:
+        timings, rows = [], []
+        for bucket in (None, "1m"):
+            book = RuleBook()
+            book.apply("insert", {**BENCH_RULES[0], **({"bucket": bucket} if bucket else {})}, 1)
+            store: dict[str, bytes] = {}
+            rng = np.random.default_rng(7)
+            gap = hour / per_window / keys  # mean ms between events of any key
+            fill = int(hour / gap)
+            t, elapsed, timed = 1_793_500_000_000, 0.0, 0
+            for i in range(-(-fill // batch_events) + batches):
+                n = batch_events
+                times = t + np.cumsum(rng.exponential(gap, n)).astype(np.int64)
+                payees = [f"p{k}" for k in rng.integers(0, keys, n)]
+                frame = pd.DataFrame({
+                    "keyset": "payeeId", "group_key": payees, "eventTime": times,
+                    "transactionId": [f"t{i}-{j}" for j in range(n)], "payeeId": payees,
+                    "beneficiaryId": None, "paymentType": None, "userId": None, "ip": None, "action": None,
+                    "paymentAmount": rng.integers(100, 500_000, n), "paymentAmount_null": False,
+                })  # fmt: skip
+                started = time.perf_counter()
+                result = evaluate_batch(frame, book, store.get, t - 60_000)
+                for key, blob in result.writes.items():
+                    if blob is None:
+                        store.pop(key, None)
+                    else:
+                        store[key] = blob
+                if i * batch_events >= fill:
+                    elapsed += time.perf_counter() - started
+                    timed += n
+                t = int(times[-1])
+            timings.append(elapsed / timed * 1e6)
+            rows.append(round(np.mean([len(decode_history(b)[0]["eventTime"]) for b in store.values()])))
+        points.append(CurvePoint(per_window, timings[0], timings[1], rows[0], rows[1]))
+    return points

@@ -47,6 +47,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rulewatch.bench import bench
     from rulewatch.session import get_spark
 
+    if args.scale_curve:
+        from rulewatch.bench import scale_curve
+
+        print("rulewatch bench: engine only, 1h SUM window, 100 keys: microseconds per event as the window fills")
+        print(f"  {'events/key/window':>18} {'exact':>9} {'bucketed 1m':>12} {'raw rows/key exact':>19} {'bucketed':>9}")
+        for p in scale_curve(args.scale_curve):
+            print(f"  {p.window_events:>18,} {p.exact_us:>8.1f}us {p.bucketed_us:>10.1f}us {p.exact_rows:>19,} {p.bucketed_rows:>9,}")
+        return 0
     spark = get_spark("rulewatch-bench")
     if args.rule_propagation:
         from rulewatch.bench import rule_propagation
@@ -90,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shards", type=int, default=16)
     bench.add_argument("--limit", type=int, default=12_500, help="the SUM rule's limit (lower: more events alert)")
     bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
+    bench.add_argument("--scale-curve", type=int, nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
     bench.add_argument("--rule-propagation", type=int, metavar="TRIALS", help="instead: time rule changes reaching a running stream")
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
