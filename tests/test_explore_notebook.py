@@ -38,5 +38,6 @@ def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixtu
     # Rule 2's only alerting key is payee-C, with four alerts on these transactions.
     assert "rule 2, key payee-C" in alerts
     assert all(txn in alerts for txn in ("pay-c4b", "pay-c5", "pay-c6", "pay-c7"))
-    assert "<svg" in window and "Rule 2, key payee-C: window aggregate per batch" in window and "batch peak" in window
+    assert "<svg" in window and "Rule 2, key payee-C: window aggregate in event-time order" in window
+    assert window.count('r="3"') == 4 * 2 + 1 * 2  # (aggregate, limit) at four alerts and one batch end
     assert "inserted" in history and '"ruleId": 2' in history

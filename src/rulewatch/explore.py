@@ -42,15 +42,18 @@ def window_metrics(spark: SparkSession, rule_id: int, key: str) -> DataFrame:
 
 
 def window_chart(spark: SparkSession, rule_id: int, key: str) -> str:
-    """SVG: the key's aggregate at its last event per batch, the batch's peak, and the limit it is held against."""
-    rows = window_metrics(spark, rule_id, key).collect()
-    if not rows:
-        return f"<p>No window metrics for rule {rule_id}, key {key}.</p>"
-    series = {
-        name: [float(r[column]) if r[column] is not None else None for r in rows]
-        for name, column in (("aggregate at last event", "aggregate_value"), ("batch peak", "max_aggregate"), ("limit", "limit"))
-    }
-    return lines([f"{r.event_time:%m-%d %H:%M}" for r in rows], series, f"Rule {rule_id}, key {key}: window aggregate per batch")
+    """SVG in event-time order: the key's window aggregate at each alert and at each batch's last event, against the limit."""
+    points = sorted(
+        [(r.event_time, "at an alert", r.aggregate_value, r.limit) for r in alerts(spark, rule_id, key).collect()]
+        + [(r.event_time, "at a batch's last event", r.aggregate_value, r.limit) for r in window_metrics(spark, rule_id, key).collect()]
+    )
+    if not points:
+        return f"<p>No alerts or window metrics for rule {rule_id}, key {key}.</p>"
+    # The limit goes first so the aggregate's points are drawn over it where they touch.
+    series: dict[str, list[float | None]] = {"limit": [float(limit) if limit is not None else None for *_, limit in points]}
+    for kind in ("at an alert", "at a batch's last event"):
+        series[kind] = [float(value) if k == kind and value is not None else None for _, k, value, _ in points]
+    return lines([f"{t:%m-%d %H:%M:%S}" for t, *_ in points], series, f"Rule {rule_id}, key {key}: window aggregate in event-time order")
 
 
 def rule_history(spark: SparkSession, rule_id: int) -> DataFrame:
