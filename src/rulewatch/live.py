@@ -14,10 +14,12 @@ import json
 import sys
 import threading
 import time
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -39,43 +41,44 @@ Log = Callable[[str], None]
 
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @dataclass(frozen=True)
 class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
     gold: GoldSettings = GoldSettings(shards=4)
-    shuffle_partitions: int | None = None  # session value for new checkpoints (stateful ones keep theirs)
+    shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
     # Gold runs in event-time mode: with no-data batches on, every batch that moves the watermark is
     # followed by an empty one that only fires timers, and the next events wait behind it. Live
     # traffic never stops for long, so timers can fire in the next data batch instead.
     gold_no_data_batches: bool = False
 
 
-def _start_gold(spark: SparkSession, lakehouse: Lakehouse, settings: LiveSettings) -> StreamingQuery:
-    """Start gold with its own no-data-batch setting (a query reads it once, when it starts)."""
-    previous = spark.conf.get(NO_DATA_BATCHES, None)
-    spark.conf.set(NO_DATA_BATCHES, str(settings.gold_no_data_batches).lower())
+@contextmanager
+def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]:
+    """Set ``confs`` while queries start (each copies the session's settings then), then put them back."""
+    previous = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
     try:
-        return start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)
+        yield
     finally:
-        if previous is None:
-            spark.conf.unset(NO_DATA_BATCHES)
-        else:
-            spark.conf.set(NO_DATA_BATCHES, previous)
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
-    """Bronze, silver and gold as continuous queries, in data-flow order."""
-    if settings.shuffle_partitions:
-        spark.conf.set("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-    ensure_all_tables(spark, lakehouse)
+    """Bronze, silver and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     live = {"available_now": False, "processing_time": settings.trigger}
-    return [
-        start_bronze(spark, landing, lakehouse, **live),
-        start_silver(spark, lakehouse, **live),
-        _start_gold(spark, lakehouse, settings),
-    ]
+    partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
+    with _session_confs(spark, partitions):
+        queries = [start_bronze(spark, landing, lakehouse, **live), start_silver(spark, lakehouse, **live)]
+        with _session_confs(spark, {NO_DATA_BATCHES: str(settings.gold_no_data_batches).lower()}):
+            return [*queries, start_gold(spark, lakehouse, settings.gold, **live)]
 
 
 def stop_streams(queries: Iterable[StreamingQuery]) -> None:
@@ -93,9 +96,11 @@ class LayerProgress:
     """What one query has done since the monitor started, from its progress reports."""
 
     rows: int = 0
+    completed_batch_id: int = -1  # newest batch that ran (an idle report names the next, unrun one)
     last_start_ms: int = -1  # trigger start of the newest report folded in
     last_duration_ms: int = 0
     batch_ms: list[int] = field(default_factory=list)  # duration of every batch that read rows
+    phase_ms: Counter[str] = field(default_factory=Counter)  # where those batches spent it (durationMs)
     sources: dict[str, Any] = field(default_factory=dict)  # source description -> end offset, newest report
 
     def update(self, reports: list[dict]) -> int:
@@ -109,6 +114,9 @@ class LayerProgress:
             duration = p["durationMs"].get("triggerExecution", 0)
             if p["numInputRows"]:
                 self.batch_ms.append(duration)
+                self.phase_ms.update({k: v for k, v in p["durationMs"].items() if k != "triggerExecution"})
+            if "addBatch" in p["durationMs"]:
+                self.completed_batch_id = max(self.completed_batch_id, p["batchId"])
             self.last_start_ms, self.last_duration_ms = _epoch_ms(p["timestamp"]), duration
             self.sources = {s["description"]: s["endOffset"] for s in p["sources"]}
         rows = sum(p["numInputRows"] for p in new)
@@ -131,9 +139,9 @@ class Alert:
     transaction_id: str
     aggregate: str
     event_count: int
-    decision_ms: int
-    latency_ms: int | None  # bronze ingest -> alert decision
-    event_latency_ms: int  # event time -> alert decision
+    decision_ms: int  # when the alert was committed in gold
+    latency_ms: int | None  # bronze ingest -> alert committed
+    event_latency_ms: int  # event time -> alert committed
 
 
 @dataclass
@@ -148,23 +156,47 @@ class Monitor:
     _last_gold_batch: int = -1
     _last_poll: float = field(default_factory=time.monotonic)
 
+    def __post_init__(self) -> None:
+        # Alerts of earlier runs on this lakehouse are not news.
+        latest = self.spark.read.format("delta").load(self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
+        self._last_gold_batch = -1 if latest is None else latest
+
     def _new_alerts(self) -> list[Alert]:
-        alerts = self.spark.read.format("delta").load(self.lakehouse.alerts).where(F.col("gold_batch_id") > self._last_gold_batch)
-        decision = F.unix_millis("decision_time")
-        rows = alerts.select(
-            "rule_id",
-            "group_key",
-            "transaction_id",
-            F.col("aggregate_value").cast("string").alias("aggregate"),
-            "event_count",
-            "gold_batch_id",
-            decision.alias("decision_ms"),
-            F.coalesce("latency_ms", decision - F.unix_millis("ingest_time")).alias("latency_ms"),
-            (decision - F.unix_millis("event_time")).alias("event_latency_ms"),
-        ).collect()
-        if rows:
-            self._last_gold_batch = max(r.gold_batch_id for r in rows)
-        return [Alert(**{k: v for k, v in r.asDict().items() if k != "gold_batch_id"}) for r in rows]
+        """Alerts of the gold batches finished since the last poll, timed to their batch's commit.
+
+        A batch's ``pipeline_metrics`` row is written after its alerts, so its ``batch_end`` is when
+        they were committed; without that row, the alert's own ``decision_time`` (batch start) is used.
+        """
+        done = self.layers["gold"].completed_batch_id
+        if done <= self._last_gold_batch:
+            return []
+        batches = F.col("gold_batch_id").between(self._last_gold_batch + 1, done)
+        read = self.spark.read.format("delta").load
+        committed = (
+            read(self.lakehouse.pipeline_metrics)
+            .where(F.col("layer") == "gold")
+            .select(F.col("batch_id").alias("gold_batch_id"), F.unix_millis("batch_end").alias("committed_ms"))
+            .where(batches)
+        )
+        decided = F.coalesce("committed_ms", F.unix_millis("decision_time"))
+        rows = (
+            read(self.lakehouse.alerts)
+            .where(batches)
+            .join(committed, "gold_batch_id", "left")
+            .select(
+                "rule_id",
+                "group_key",
+                "transaction_id",
+                F.col("aggregate_value").cast("string").alias("aggregate"),
+                "event_count",
+                decided.alias("decision_ms"),
+                (decided - F.unix_millis("ingest_time")).alias("latency_ms"),
+                (decided - F.unix_millis("event_time")).alias("event_latency_ms"),
+            )
+            .collect()
+        )
+        self._last_gold_batch = done
+        return [Alert(**r.asDict()) for r in rows]
 
     def poll(self) -> tuple[str, list[Alert]]:
         """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll."""
@@ -262,6 +294,12 @@ def _alert_line(a: Alert) -> str:
     return f"  ALERT rule {a.rule_id} key {a.group_key}  txn {a.transaction_id}  value {a.aggregate}  ({latency})"
 
 
+def _monitor(spark: SparkSession, lakehouse: Lakehouse) -> Monitor:
+    """A monitor created before the streams start, so the first batch's alerts count as new."""
+    ensure_all_tables(spark, lakehouse)
+    return Monitor(spark, lakehouse, [])
+
+
 def _wait_started(monitor: Monitor, timeout: float = 180) -> None:
     """Until every query has finished a first micro-batch (JVM, Python workers and state stores warm)."""
     deadline = time.monotonic() + timeout
@@ -287,6 +325,15 @@ def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float =
             log(f"  ... and {len(new) - show_alerts} more alert(s)")
 
 
+def _batch_summary(layer: LayerProgress) -> str:
+    if not layer.batch_ms:
+        return "none"
+    total = sum(layer.phase_ms.values()) or 1
+    phases = ", ".join(f"{k} {v / total:.0%}" for k, v in layer.phase_ms.most_common(3))
+    ms = layer.batch_ms
+    return f"{len(ms)}, p50 {percentile(ms, 50) / 1000:.2f}s, max {max(ms) / 1000:.2f}s ({phases})"
+
+
 @dataclass
 class DemoReport:
     generated: generate.GenerateResult
@@ -295,7 +342,7 @@ class DemoReport:
     event_latency_ms: list[int]
     caught_up: bool
     drain_seconds: float  # generator end -> streams caught up: ~one pass through the layers unless a backlog grew
-    batch_ms: dict[str, list[int]]  # per layer, every micro-batch that read rows
+    layers: dict[str, LayerProgress]
 
     def lines(self) -> list[str]:
         g = self.generated
@@ -308,10 +355,8 @@ class DemoReport:
             *self.score.lines(),
             f"ingest -> alert latency: {latency_summary(self.latency_ms)}",
             f"event  -> alert latency: {latency_summary(self.event_latency_ms)}",
-            "micro-batch time: " + " | ".join(
-                f"{name} p50 {percentile(ms, 50) / 1000:.2f}s max {max(ms) / 1000:.2f}s ({len(ms)})" if ms else f"{name} -"
-                for name, ms in self.batch_ms.items()
-            ),
+            "micro-batches that read rows (count, median and max time, where the time went):",
+            *[f"  {name:<6} {_batch_summary(layer)}" for name, layer in self.layers.items()],
         ]
 
 
@@ -332,8 +377,8 @@ def demo(
     """
     generate.check_folders(landing, labels)
     landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
-    queries = start_streams(spark, lakehouse, str(landing), settings)
-    monitor = Monitor(spark, lakehouse, queries)
+    monitor = _monitor(spark, lakehouse)
+    queries = monitor.queries = start_streams(spark, lakehouse, str(landing), settings)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     caught_up, drain_seconds = False, 0.0
@@ -364,7 +409,7 @@ def demo(
         event_latency_ms=[a.event_latency_ms for a in alerts],
         caught_up=caught_up,
         drain_seconds=drain_seconds,
-        batch_ms={name: layer.batch_ms for name, layer in monitor.layers.items()},
+        layers=monitor.layers,
     )
 
 
@@ -377,8 +422,8 @@ def stream(
     log: Log = print,
 ) -> Monitor:
     """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
-    queries = start_streams(spark, lakehouse, landing, settings)
-    monitor = Monitor(spark, lakehouse, queries)
+    monitor = _monitor(spark, lakehouse)
+    queries = monitor.queries = start_streams(spark, lakehouse, landing, settings)
     deadline = time.monotonic() + duration if duration else float("inf")
     try:
         follow(monitor, lambda: time.monotonic() > deadline, log)
