@@ -21,7 +21,7 @@ import pandas as pd
 
 from rulewatch import buckets
 from rulewatch.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
-from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, decimal_texts, to_decimal, window_lo, window_start
+from rulewatch.windows import MAX_SPAN_MS, aggregate, compare, decimal_texts, window_lo, window_start
 
 MONEY_SCALE = 2
 KEY_SEPARATOR = "\x1f"
@@ -573,17 +573,20 @@ def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: n
     first_of_group = np.r_[0, last_of_group[:-1] + 1]
     peaks = _group_peaks(rule.aggregator, agg, first_of_group, last_of_group)
     starts = window_start(t[pos[last_of_group]], rule.window_ms, rule.bucket_ms).tolist()
-    rows = []
-    for last, peak, start in zip(last_of_group.tolist(), peaks, starts):
-        now = int(t[pos[last]])
-        rows.append({
-            "kind": "metric", **common, "group_key": key_group[int(groups[last])], "event_ms": now,
-            "transaction_id": None,
-            "aggregate_value": str(to_decimal(rule.aggregator, agg, last, scale)) if agg.valid[last] else None,
-            "max_aggregate": str(to_decimal(rule.aggregator, agg, peak, scale)) if peak >= 0 else None,
-            "window_start_ms": start, "window_end_ms": now, "event_count": int(agg.count[last]),
-        })  # fmt: skip
-    return rows
+    peak_at = np.array(peaks, dtype=np.int64)
+    values = decimal_texts(rule.aggregator, agg, last_of_group, scale)
+    peak_values = decimal_texts(rule.aggregator, agg, np.maximum(peak_at, 0), scale)
+    times, counts = t[pos[last_of_group]].tolist(), agg.count[last_of_group].tolist()
+    keys = groups[last_of_group].tolist()
+    return [
+        {
+            "kind": "metric", **common, "group_key": key_group[keys[i]], "event_ms": times[i], "transaction_id": None,
+            "aggregate_value": values[i],
+            "max_aggregate": peak_values[i] if peaks[i] >= 0 else None,
+            "window_start_ms": starts[i], "window_end_ms": times[i], "event_count": counts[i],
+        }  # fmt: skip
+        for i in range(len(keys))
+    ]
 
 
 def _group_peaks(aggregator: Aggregator, agg, first: np.ndarray, last: np.ndarray) -> list[int]:

@@ -203,12 +203,13 @@ def to_decimal(aggregator: Aggregator, agg: WindowAggregates, i: int, scale: int
     return units
 
 
-def decimal_texts(aggregator: Aggregator, agg: WindowAggregates, idx: np.ndarray, scale: int) -> list[str]:
-    """``str(to_decimal(...))`` of many positions at once (AVG, which divides, goes one by one)."""
-    if aggregator is Aggregator.AVG:
-        return [str(to_decimal(aggregator, agg, i, scale)) for i in idx.tolist()]
+def decimal_texts(aggregator: Aggregator, agg: WindowAggregates, idx: np.ndarray, scale: int) -> list[str | None]:
+    """``str(to_decimal(...))`` of many positions at once; None where the aggregate is null."""
+    valid = agg.valid[idx].tolist()
+    if aggregator is Aggregator.AVG:  # divides: one by one
+        return [str(to_decimal(aggregator, agg, i, scale)) if ok else None for i, ok in zip(idx.tolist(), valid)]
     units = agg.value[idx].tolist()
     if aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) or scale == 0:
-        return [str(u) for u in units]
+        return [str(u) if ok else None for u, ok in zip(units, valid)]
     q = 10**scale
-    return [f"{'-' if u < 0 else ''}{abs(u) // q}.{abs(u) % q:0{scale}d}" for u in units]
+    return [f"{'-' if u < 0 else ''}{abs(u) // q}.{abs(u) % q:0{scale}d}" if ok else None for u, ok in zip(units, valid)]
