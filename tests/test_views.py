@@ -212,3 +212,29 @@ def test_catalog_statements_reject_unsafe_names(catalog, group, message):
 def test_views_answer_empty_on_a_lakehouse_that_has_not_run_yet(spark, tmp_path):
     register_views(spark, Lakehouse(str(tmp_path / "fresh")), viewer_in_pii_group=False)
     assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0)
+
+
+# ---- table and column comments ---------------------------------------------------------------------
+
+GOLD_SCHEMAS = {"alerts": schema.ALERTS, "window_metrics": schema.WINDOW_METRICS, "pipeline_metrics": schema.PIPELINE_METRICS,
+                "late_events": schema.LATE_EVENTS, "rule_history": schema.RULE_HISTORY}  # fmt: skip
+
+
+@pytest.mark.parametrize("table", sorted(GOLD_SCHEMAS))
+def test_every_gold_column_is_described_in_the_table_itself(spark, fixture_run, table):
+    undocumented = [f.name for f in GOLD_SCHEMAS[table].fields if not f.metadata.get("comment")]
+    assert not undocumented, f"schema.py: gold/{table} columns without a comment: {undocumented}"
+    stored = {f.name: f.metadata.get("comment") for f in spark.read.format("delta").load(fixture_run.lakehouse.table("gold", table)).schema}
+    assert stored == {f.name: f.metadata["comment"] for f in GOLD_SCHEMAS[table].fields}
+
+
+def test_comments_with_quotes_and_backslashes_survive_table_creation(spark, tmp_path):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from rulewatch.sinks import ensure_table
+
+    text = "it's a \\ path; -- not SQL"
+    path = str(tmp_path / "t")
+    ensure_table(spark, path, StructType([StructField("c", StringType(), metadata={"comment": text})]), comment=text)
+    assert spark.read.format("delta").load(path).schema["c"].metadata["comment"] == text
+    assert spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first().description == text

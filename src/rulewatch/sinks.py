@@ -15,9 +15,16 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _ddl(schema: StructType) -> str:
+    """Column definitions; a field's ``metadata["comment"]`` becomes its column comment, shown by catalogs and dashboards."""
     return ", ".join(
-        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}" for f in schema.fields
+        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+        + (f" COMMENT {_sql_string(f.metadata['comment'])}" if f.metadata.get("comment") else "")
+        for f in schema.fields
     )
 
 
@@ -33,7 +40,7 @@ def ensure_table(
     """Create the Delta table at ``path`` with ``schema`` unless it exists (streams need it to start)."""
     props = {"delta.appendOnly": "false", **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
-    comment_sql = f" COMMENT '{comment}'" if comment else ""
+    comment_sql = f" COMMENT {_sql_string(comment)}" if comment else ""
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table_ref(path)} ({_ddl(schema)}) USING delta{comment_sql} "
         f"TBLPROPERTIES ({tbl_props})"
