@@ -26,6 +26,7 @@ from pyspark.sql.types import StructType
 
 from rulewatch import schema
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.session import is_databricks
 from rulewatch.sinks import table_ref
 
 # Rule fields that identify an account or a person; their values are masked for non-members.
@@ -276,3 +277,11 @@ def create_catalog_views(spark: SparkSession, catalog: str, schema_name: str, la
     for statement in catalog_view_statements(catalog, schema_name, lakehouse, pii_group):
         spark.sql(statement)
     return [f"{catalog}.{schema_name}.{name}" for name in VIEW_NAMES]
+
+
+def setup_dashboard_views(spark: SparkSession, lakehouse: Lakehouse, catalog: str, schema_name: str, pii_group: str) -> list[str]:
+    """The setup task's step: the dashboard's views in Unity Catalog when running on Databricks
+    with a catalog given; elsewhere nothing (locally ``register_views`` makes session views)."""
+    if not (catalog and is_databricks()):
+        return []
+    return create_catalog_views(spark, catalog, schema_name, lakehouse, pii_group)
