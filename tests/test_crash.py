@@ -27,7 +27,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
-from rulewatch.checkpoints import CheckpointError, committed_batches, last_planned_batch
+from rulewatch.checkpoints import CheckpointError, check_queries, committed_batches, last_planned_batch
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
 from rulewatch.sinks import CRASH_AT_ENV, append_once, ensure_table
@@ -193,6 +193,14 @@ def test_a_missing_checkpoint_fails_instead_of_skipping_new_batches(spark, copy)
         path.unlink()  # emptied rather than removed: the same danger
     with pytest.raises(CheckpointError, match="is missing or empty"):
         run_bronze(spark, copy, str(Path(copy.root).parent / "unused"), log=lambda _: None)
+
+
+def test_every_query_checkpoint_is_checked_against_its_own_tables(copy):
+    check_queries(copy, "bronze", "silver", "gold", "rule_history")  # intact: fine
+    shutil.rmtree(copy.checkpoint("rule_history"))
+    check_queries(copy, "bronze", "silver", "gold")  # gold/rule_history is not the gold query's table
+    with pytest.raises(CheckpointError, match=r"_checkpoints/rule_history is missing .* rulewatch\.gold\.rule_history"):
+        check_queries(copy, "rule_history")
 
 
 @pytest.mark.parametrize("damaged", ["metadata", "offsets", "commits"])

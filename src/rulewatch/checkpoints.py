@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from rulewatch.lakehouse import Lakehouse
+
 RECOVERY = "see 'Recovery' in docs/reliability.md"
 
 
@@ -94,17 +96,17 @@ def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     return latest
 
 
-def check_checkpoint(checkpoint: str, query: str, tables: list[str]) -> None:
+def check_checkpoint(checkpoint: str, layer: str, tables: list[str]) -> None:
     """Fail with a clear error unless ``checkpoint`` is readable and not behind any of ``tables``.
 
-    ``query`` is the layer whose sinks write with ``txnAppId`` ``rulewatch.<query>.<table>``
-    (sinks.py); only those writers are compared, so a table shared with another query is fine.
+    The query writes ``tables`` with ``txnAppId`` ``rulewatch.<layer>.<table>`` (sinks.py); only
+    those writers are compared, so a table another query also writes is fine.
     """
     if "://" in checkpoint:
         return
     planned = last_planned_batch(checkpoint)
     for table in tables:
-        for app_id, version in committed_batches(table, f"rulewatch.{query}.").items():
+        for app_id, version in committed_batches(table, f"rulewatch.{layer}.").items():
             if version > planned:
                 state = "is missing or empty" if planned < 0 else f"has batches only up to {planned}"
                 raise CheckpointError(
@@ -112,3 +114,21 @@ def check_checkpoint(checkpoint: str, query: str, tables: list[str]) -> None:
                     "Starting from it would number new batches from an old id, and the idempotent writes would "
                     f"skip them (data loss). Do not run until the checkpoint is restored or the layer rebuilt: {RECOVERY}"
                 )
+
+
+def _query_sinks(lakehouse: Lakehouse) -> dict[str, tuple[str, list[str]]]:
+    """Checkpoint name -> (layer its sink ids are named after, the tables it writes)."""
+    return {
+        "bronze": ("bronze", [lakehouse.bronze_transactions]),
+        "silver": ("silver", [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates]),
+        "gold": ("gold", [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors]),
+        "rule_history": ("gold", [lakehouse.rule_history]),
+    }
+
+
+def check_queries(lakehouse: Lakehouse, *queries: str) -> None:
+    """``check_checkpoint`` for each named rulewatch query (bronze, silver, gold, rule_history) of ``lakehouse``."""
+    sinks = _query_sinks(lakehouse)
+    for query in queries:
+        layer, tables = sinks[query]
+        check_checkpoint(lakehouse.checkpoint(query), layer, tables)

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.bronze import start_bronze
-from rulewatch.checkpoints import check_checkpoint
+from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
@@ -43,25 +43,17 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> None:
     ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
-    check_checkpoint(lakehouse.checkpoint("bronze"), "bronze", [lakehouse.bronze_transactions])
+    check_queries(lakehouse, "bronze")
     _run(start_bronze(spark, landing, lakehouse), "bronze", log)
 
 
 def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print) -> None:
-    check_checkpoint(
-        lakehouse.checkpoint("silver"),
-        "silver",
-        [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates],
-    )
+    check_queries(lakehouse, "silver")
     _run(start_silver(spark, lakehouse), "silver", log)
 
 
 def run_gold(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings = GoldSettings(), log: Log = print) -> None:
-    check_checkpoint(
-        lakehouse.checkpoint("gold"),
-        "gold",
-        [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors],
-    )
+    check_queries(lakehouse, "gold")
     _run(start_gold(spark, lakehouse, settings), "gold", log)
 
 
@@ -133,6 +125,7 @@ def run_all(
     run_bronze(spark, lakehouse, landing, log)
     run_silver(spark, lakehouse, log)
     run_gold(spark, lakehouse, settings, log)
+    check_queries(lakehouse, "rule_history")
     run_rule_history(spark, lakehouse)
     return changes, summarize(spark, lakehouse)
 
