@@ -157,7 +157,10 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
     job = bundle.job(None)
     params = {t.key: task_parameters(job, t, {"lakehouse": "/lh"}) for t in task_order(job)}
     assert params["bronze"]["landing"] == "/data/in"  # ${var.landing} -> job parameter -> widget
-    assert params["setup"] == {"lakehouse": "/lh", "landing": "/data/in", "rules_file": ""}
+    assert params["setup"] == {
+        "lakehouse": "/lh", "landing": "/data/in", "rules_file": "",
+        "catalog": "main", "schema": "rulewatch", "pii_viewer_group": "fraud-investigators",
+    }  # fmt: skip
 
 
 def _job(tasks: list[dict], **extra) -> dict:

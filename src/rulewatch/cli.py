@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rulewatch.checkpoints import CheckpointError
 from rulewatch.jobs import add_cli as add_job_cli
 from rulewatch.lakehouse import LakehouseBusy
 from rulewatch.live import add_cli as add_live_cli
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RuleSetError, LakehouseBusy) as err:
+    except (RuleSetError, LakehouseBusy, CheckpointError) as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
 
