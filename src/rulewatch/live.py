@@ -98,7 +98,6 @@ class LayerProgress:
     rows: int = 0
     completed_batch_id: int = -1  # newest batch that ran (an idle report names the next, unrun one)
     last_start_ms: int = -1  # trigger start of the newest report folded in
-    last_duration_ms: int = 0
     batch_ms: list[int] = field(default_factory=list)  # duration of every batch that read rows
     phase_ms: Counter[str] = field(default_factory=Counter)  # where those batches spent it (durationMs)
     sources: dict[str, Any] = field(default_factory=dict)  # source description -> end offset, newest report
@@ -117,7 +116,7 @@ class LayerProgress:
                 self.phase_ms.update({k: v for k, v in p["durationMs"].items() if k != "triggerExecution"})
             if "addBatch" in p["durationMs"]:
                 self.completed_batch_id = max(self.completed_batch_id, p["batchId"])
-            self.last_start_ms, self.last_duration_ms = _epoch_ms(p["timestamp"]), duration
+            self.last_start_ms = _epoch_ms(p["timestamp"])
             self.sources = {s["description"]: s["endOffset"] for s in p["sources"]}
         rows = sum(p["numInputRows"] for p in new)
         self.rows += rows
@@ -214,8 +213,9 @@ class Monitor:
         self.alerts += new
         latencies = [a.latency_ms for a in new if a.latency_ms is not None]
         latency = f"{max(latencies) / 1000:5.2f}s" if latencies else "  n/a"
-        gold_batch = self.layers["gold"].last_duration_ms / 1000
-        line = f"{' | '.join(rates)} | alerts {len(new) / seconds:5.1f}/s | latency {latency} | gold batch {gold_batch:4.1f}s"
+        gold_batches = self.layers["gold"].batch_ms
+        gold_batch = f"{gold_batches[-1] / 1000:4.1f}s" if gold_batches else "  n/a"
+        line = f"{' | '.join(rates)} | alerts {len(new) / seconds:5.1f}/s | latency {latency} | last gold batch {gold_batch}"
         return line, new
 
     def _latest_version(self, table: str) -> int:
