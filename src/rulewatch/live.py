@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch import generate
 from rulewatch.bronze import start_bronze
+from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
@@ -73,6 +74,7 @@ def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
     """Bronze, silver and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
+    check_queries(lakehouse, "bronze", "silver", "gold")  # a lost checkpoint would silently skip data
     live = {"available_now": False, "processing_time": settings.trigger}
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with _session_confs(spark, partitions):
