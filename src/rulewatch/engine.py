@@ -134,26 +134,16 @@ _ARRAY_COLUMNS = tuple((c, np.dtype(bool) if c.endswith("_null") else np.dtype(n
 _FORMAT = "h1"
 
 
-def encode_history(columns: Mapping[str, np.ndarray], memory: dict) -> bytes:
-    """Raw array bytes plus one flat list of the text columns: ~20x faster than pickling the
-    object arrays, and this runs once per key touched per batch."""
-    texts: list = []
-    for name in _TEXT_COLUMNS:
-        texts.extend(columns[name].tolist())
-    arrays = [np.ascontiguousarray(columns[name], dtype=dtype).tobytes() for name, dtype in _ARRAY_COLUMNS]
-    return pickle.dumps((_FORMAT, len(columns["eventTime"]), arrays, texts, memory), protocol=5)
-
-
 def decode_history(blob: bytes) -> tuple[dict[str, np.ndarray], dict]:
-    fmt, n, arrays, texts, memory = pickle.loads(blob)
-    if fmt != _FORMAT:
-        raise ValueError(f"unknown history state format {fmt!r}; this state was written by another rulewatch version")
-    cols = {name: np.frombuffer(raw, dtype=dtype) for (name, dtype), raw in zip(_ARRAY_COLUMNS, arrays)}
-    for i, name in enumerate(_TEXT_COLUMNS):
-        column = np.empty(n, dtype=object)
-        column[:] = texts[i * n : (i + 1) * n]
+    """One key's stored events (as numpy columns) and memory; the format is written by ``_write_back``:
+    raw array bytes plus one flat list of the text columns (~20x faster than pickling object arrays)."""
+    cols, memories = _load_histories([""], lambda _: blob)
+    del cols["group"]
+    for name in _TEXT_COLUMNS:
+        column = np.empty(len(cols[name]), dtype=object)
+        column[:] = cols[name]
         cols[name] = column
-    return cols, memory
+    return cols, memories[0]
 
 
 @dataclass
