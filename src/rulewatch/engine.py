@@ -241,11 +241,7 @@ def _fold_buckets(
         if not rule.bucket_ms or not keys:
             continue
         cleared = book.cleared.get(rule_id)
-        sel = np.ones(len(group), dtype=bool)
-        for name, wanted in rule.filter:
-            sel &= _field_text(cols, name) == wanted
-        if cleared is not None:
-            sel &= cols["eventTime"] > cleared
+        sel = _seen_by(rule, cleared, cols, np.ones(len(group), dtype=bool))
         values, valid, _ = _rule_values(rule, cols, everything)
         fp = buckets.fingerprint(rule, cleared)
         fold_to = watermark_ms // rule.bucket_ms * rule.bucket_ms
@@ -412,6 +408,16 @@ def _field_text(cols: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     )
 
 
+def _seen_by(rule: Rule, cleared: int | None, cols: Mapping[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` the rule sees: its filter holds and the event is after its clear point."""
+    sel = rows.copy()
+    for name, wanted in rule.filter:
+        sel &= _field_text(cols, name) == wanted
+    if cleared is not None:
+        sel &= cols["eventTime"] > cleared
+    return sel
+
+
 def _evaluate_rule(
     rule: Rule,
     version: int,
@@ -424,11 +430,7 @@ def _evaluate_rule(
     key_group: list[str],
     memories: list[dict],
 ) -> Iterable[dict]:
-    sel = in_keyset.copy()
-    for name, wanted in rule.filter:
-        sel &= _field_text(cols, name) == wanted
-    if cleared is not None:
-        sel &= cols["eventTime"] > cleared
+    sel = _seen_by(rule, cleared, cols, in_keyset)
     summaries: list[buckets.Summary | None] = []
     if rule.bucket_ms:
         fp = buckets.fingerprint(rule, cleared)
