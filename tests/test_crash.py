@@ -235,3 +235,8 @@ def test_committed_batches_survive_delta_log_checkpoints_and_cleanup(spark, tmp_
         commit.unlink()  # what log cleanup does once a checkpoint covers them
     assert committed_batches(table, "rulewatch.test.") == {"rulewatch.test.t": 2}
     assert committed_batches(table, "rulewatch.") == {"rulewatch.test.t": 2, "rulewatch.other.t": 7}
+
+
+def test_live_mode_refuses_a_lakehouse_the_job_ingested(copy):
+    with pytest.raises(CheckpointError, match="ingested by the batch job"):
+        check_queries(copy, "ingest")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import functions as F
 
+from rulewatch.checkpoints import CheckpointError, check_queries
 from rulewatch.generate import GeneratorConfig, Label
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.live import DEMO_RULES, Alert, LiveSettings, demo, score
@@ -52,3 +54,10 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     assert spark.read.format("delta").load(lakehouse.silver_duplicates).count() == 0
     alerts = spark.read.format("delta").load(lakehouse.alerts)
     assert alerts.where(F.col("transaction_id").startswith("2-")).count() == 4  # burst events 5..8 of run 2
+
+    # One ingest query wrote bronze and silver: both layers' metrics rows share its batch ids.
+    metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics)
+    batches = {layer: sorted(r.batch_id for r in metrics.where(F.col("layer") == layer).collect()) for layer in ("bronze", "silver")}
+    assert batches["bronze"] == batches["silver"] and batches["bronze"]
+    with pytest.raises(CheckpointError, match="ingested by live mode"):
+        check_queries(lakehouse, "bronze")  # the batch job would read every landed file again

@@ -8,8 +8,9 @@ from decimal import Decimal
 
 import pytest
 
+from rulewatch.lakehouse import Lakehouse
 from rulewatch.schema import BRONZE
-from rulewatch.silver import parse
+from rulewatch.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip
@@ -68,3 +69,28 @@ def test_good_lines_are_typed_exactly(spark):
     assert rows[3].event_time == datetime(2026, 11, 1, 9, 0, 5)
     assert (rows[3].user_id, rows[3].ip, rows[3].action) == ("u", "1.2.3.4", "login")
 
+
+
+def _classify(spark, lakehouse, batch_id: int, lines: list[str]) -> dict[str, int]:
+    now = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
+    bronze = spark.createDataFrame([(line, f"b{batch_id}.jsonl", now, i) for i, line in enumerate(lines)], BRONZE)
+    return write_classified(bronze, batch_id, lakehouse)
+
+
+@pytest.mark.parametrize(("horizon", "far_repeat"), [(None, "accepted"), ("3d", "duplicate")])
+def test_a_repeated_id_is_a_duplicate_within_the_dedup_horizon(spark, tmp_path, monkeypatch, horizon, far_repeat):
+    if horizon:
+        monkeypatch.setenv(DEDUP_HORIZON_ENV, horizon)
+    lakehouse = Lakehouse(str(tmp_path))
+    ensure_silver_tables(spark, lakehouse)
+    day = 86_400_000
+    _classify(spark, lakehouse, 0, [_line(transactionId="t1"), _line(transactionId="t2")])
+    counts = _classify(spark, lakehouse, 1, [
+        _line(transactionId="t1"),  # a redelivery: same event time
+        _line(transactionId="t2", eventTime=GOOD["eventTime"] - 2 * day),  # same id, two days earlier
+        _line(transactionId="t3"), _line(transactionId="t3"),  # twice in one batch: the first wins
+    ])  # fmt: skip
+    duplicates = sorted(r.transaction_id for r in spark.read.format("delta").load(lakehouse.silver_duplicates).collect())
+    expected = ["t1", "t3"] + (["t2"] if far_repeat == "duplicate" else [])
+    assert duplicates == sorted(expected)
+    assert counts == {"rows_in": 4, "rows_out": 4 - len(expected), "quarantined": 0, "duplicates": len(expected)}

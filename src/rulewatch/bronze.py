@@ -33,17 +33,29 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
     )
 
 
+def numbered(batch: DataFrame) -> DataFrame:
+    """Number the lines of a landing micro-batch (``ingest_seq``).
+
+    Numbered in batch context (streams cannot), so "first occurrence wins" follows the order of
+    lines within a file.
+    """
+    return batch.withColumn("ingest_seq", F.monotonically_increasing_id())
+
+
+def append(lines: DataFrame, lakehouse: Lakehouse, batch_id: int, layer: str = "bronze") -> None:
+    """Append numbered lines to ``bronze/transactions`` as batch ``batch_id`` of query ``layer``."""
+    append_once(lines, lakehouse.bronze_transactions, f"rulewatch.{layer}.transactions", batch_id)
+
+
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
-    # Numbered here, in batch context (streams cannot), so "first occurrence wins" follows the
-    # order of lines within a file.
     started = time.time()
-    numbered = batch.withColumn("ingest_seq", F.monotonically_increasing_id()).persist()
+    lines = numbered(batch).persist()
     try:
-        lines = numbered.count()
-        append_once(numbered, lakehouse.bronze_transactions, "rulewatch.bronze.transactions", batch_id)
-        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, rows_in=lines, rows_out=lines)
+        count = lines.count()
+        append(lines, lakehouse, batch_id)
+        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, rows_in=count, rows_out=count)
     finally:
-        numbered.unpersist()
+        lines.unpersist()
 
 
 def start_bronze(

@@ -96,17 +96,17 @@ def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     return latest
 
 
-def check_checkpoint(checkpoint: str, layer: str, tables: list[str]) -> None:
-    """Fail with a clear error unless ``checkpoint`` is readable and not behind any of ``tables``.
+def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]]) -> None:
+    """Fail with a clear error unless ``checkpoint`` is readable and not behind any of its ``sinks``.
 
-    The query writes ``tables`` with ``txnAppId`` ``rulewatch.<layer>.<table>`` (sinks.py); only
-    those writers are compared, so a table another query also writes is fine.
+    ``sinks``: (table, ``txnAppId`` prefix) pairs the query writes with (sinks.py); only those
+    writers are compared, so a table another query also writes is fine.
     """
     if "://" in checkpoint:
         return
     planned = last_planned_batch(checkpoint)
-    for table in tables:
-        for app_id, version in committed_batches(table, f"rulewatch.{layer}.").items():
+    for table, app_id_prefix in sinks:
+        for app_id, version in committed_batches(table, app_id_prefix).items():
             if version > planned:
                 state = "is missing or empty" if planned < 0 else f"has batches only up to {planned}"
                 raise CheckpointError(
@@ -116,19 +116,50 @@ def check_checkpoint(checkpoint: str, layer: str, tables: list[str]) -> None:
                 )
 
 
-def _query_sinks(lakehouse: Lakehouse) -> dict[str, tuple[str, list[str]]]:
-    """Checkpoint name -> (layer its sink ids are named after, the tables it writes)."""
-    return {
-        "bronze": ("bronze", [lakehouse.bronze_transactions]),
-        "silver": ("silver", [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates]),
-        "gold": ("gold", [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors]),
-        "rule_history": ("gold", [lakehouse.rule_history]),
+def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
+    """Checkpoint name -> the (table, txnAppId prefix) pairs its query writes.
+
+    Tables a batch adds nothing to get no commit, but every batch of a layer writes its
+    ``pipeline_metrics`` row, so the newest batch always shows there.
+    """
+    silver = [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates]
+    gold = [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors]
+    tables = {
+        "bronze": [lakehouse.bronze_transactions],
+        "silver": silver,
+        "ingest": [lakehouse.bronze_transactions, *silver],
+        "gold": gold,
     }
+    sinks = {
+        query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}")]
+        for query, written in tables.items()
+    }
+    sinks["rule_history"] = [(lakehouse.rule_history, "rulewatch.gold.rule_history")]
+    return sinks
+
+
+# The job ingests the landing folder with the bronze and silver queries, live mode with the one
+# ingest query (ingest.py). Each reads every landed file, so a lakehouse used both ways would hold
+# every line twice.
+INGEST_WAYS = {"bronze": "the batch job", "silver": "the batch job", "ingest": "live mode (rulewatch stream / demo)"}
+
+
+def _check_one_ingest_way(lakehouse: Lakehouse, query: str) -> None:
+    if query not in INGEST_WAYS:
+        return
+    for other, way in INGEST_WAYS.items():
+        if way != INGEST_WAYS[query] and Path(lakehouse.checkpoint(other)).exists():
+            raise CheckpointError(
+                f"{lakehouse.root} was ingested by {way} (checkpoint {lakehouse.checkpoint(other)}); "
+                f"{INGEST_WAYS[query]} would read every landed file again. Use another lakehouse folder for it."
+            )
 
 
 def check_queries(lakehouse: Lakehouse, *queries: str) -> None:
-    """``check_checkpoint`` for each named rulewatch query (bronze, silver, gold, rule_history) of ``lakehouse``."""
+    """``check_checkpoint`` for each named rulewatch query (bronze, silver, ingest, gold, rule_history) of ``lakehouse``.
+
+    Also refuses to start an ingest query on a lakehouse the other ingest way has used."""
     sinks = _query_sinks(lakehouse)
     for query in queries:
-        layer, tables = sinks[query]
-        check_checkpoint(lakehouse.checkpoint(query), layer, tables)
+        _check_one_ingest_way(lakehouse, query)
+        check_checkpoint(lakehouse.checkpoint(query), sinks[query])

@@ -159,42 +159,51 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
             F.col("detail").alias("reason"),
             batch,
         )
-        append_once(alerts, lakehouse.alerts, "rulewatch.gold.alerts", batch_id)
-        append_once(metrics, lakehouse.window_metrics, "rulewatch.gold.window_metrics", batch_id)
-        append_once(late, lakehouse.late_events, "rulewatch.gold.late_events", batch_id)
-        append_once(errors, lakehouse.rule_errors, "rulewatch.gold.rule_errors", batch_id)
-        _record_metrics(out, batch_id, lakehouse, started, state_totals)
+        counts = _counts(out)
+        # Alerts first: they are what someone is waiting for; a table this batch adds nothing to
+        # gets no commit (each costs a Delta state reconstruction).
+        for frame, path, sink, rows in [
+            (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
+            (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics")),
+            (late, lakehouse.late_events, "late_events", counts["late_events"]),
+            (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
+        ]:
+            append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
+        committed_ms = round(time.time() * 1000)
+        fired = out.where("kind = 'alert'").select("ingest_ms", "event_ms").collect() if counts["alerts"] else []
+        rows_total, bytes_total = state_totals() if state_totals else (None, None)
+        record(
+            out.sparkSession, lakehouse, "gold", batch_id, started,
+            **counts,
+            rows_out=counts["alerts"],
+            state_rows_total=rows_total,
+            state_bytes_total=bytes_total,
+            **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
+        )  # fmt: skip
     finally:
         out.unpersist()
 
 
-def _record_metrics(out: DataFrame, batch_id: int, lakehouse: Lakehouse, started: float, state_totals: StateTotals | None) -> None:
-    committed_ms = round(time.time() * 1000)
-    fired = out.where("kind = 'alert'").select("ingest_ms", "event_ms").collect()
-    counts = (
+def _counts(out: DataFrame) -> dict[str, int]:
+    """Row counts per output table and the batch's evaluator statistics, in one pass."""
+    kind = F.col("kind")
+    return (
         out.groupBy()
         .agg(
-            _total(F.when(F.col("kind") == "stats", F.col("event_count"))).alias("rows_in"),
-            F.count(F.when(F.col("kind") == "late", 1)).alias("late_events"),
+            F.count(F.when(kind == "alert", 1)).alias("alerts"),
+            F.count(F.when(kind == "metric", 1)).alias("metrics"),
+            F.count(F.when(kind == "late", 1)).alias("late_events"),
+            F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
+            _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
             _total("keys_touched").alias("keys_touched"),
             _total("state_rows").alias("state_rows_written"),
             _total("state_bytes").alias("state_bytes_written"),
             F.max("active_rules").alias("active_rules"),
-            F.max(F.when(F.col("kind") == "stats", F.col("rule_version"))).alias("rules_version"),
+            F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
         )
         .first()
         .asDict()
     )
-    rows_total, bytes_total = state_totals() if state_totals else (None, None)
-    record(
-        out.sparkSession, lakehouse, "gold", batch_id, started,
-        **counts,
-        rows_out=len(fired),
-        alerts=len(fired),
-        state_rows_total=rows_total,
-        state_bytes_total=bytes_total,
-        **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
-    )  # fmt: skip
 
 
 def _total(col: str | F.Column) -> F.Column:

@@ -1,7 +1,7 @@
 """Live mode: the pipeline as continuous streams (``rulewatch stream``), with a generator (``rulewatch demo``).
 
-The three layers run as the same queries the batch job uses, on processing-time triggers; a
-monitor on the driver turns their progress and the new rows of ``gold/alerts`` into a progress
+Two queries run on processing-time triggers: ingest (landing -> bronze + silver in one
+micro-batch, ingest.py) and gold, the same query the batch job uses; a monitor on the driver turns their progress and the new rows of ``gold/alerts`` into a progress
 line, and the demo scores the alerts against the generator's labels. Stopping (Ctrl-C, or the end
 of a demo) stops each query between micro-batches, so the checkpoints stay usable and the next
 start continues from them.
@@ -26,16 +26,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch import generate
-from rulewatch.bronze import start_bronze
 from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.ingest import start_ingest
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
 from rulewatch.pipeline import ensure_all_tables
-from rulewatch.silver import start_silver
 from rulewatch.sinks import table_ref
 
-LAYERS = ("bronze", "silver", "gold")
+LAYERS = ("ingest", "gold")
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.json"]
 Log = Callable[[str], None]
@@ -73,14 +72,13 @@ def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]
 
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
-    """Bronze, silver and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
-    check_queries(lakehouse, "bronze", "silver", "gold")  # a lost checkpoint would silently skip data
-    live = {"available_now": False, "processing_time": settings.trigger}
+    """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
+    check_queries(lakehouse, "ingest", "gold")  # a lost checkpoint would silently skip data
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with _session_confs(spark, partitions):
-        queries = [start_bronze(spark, landing, lakehouse, **live), start_silver(spark, lakehouse, **live)]
+        ingest = start_ingest(spark, landing, lakehouse, settings.trigger)
         with _session_confs(spark, {NO_DATA_BATCHES: str(settings.gold_no_data_batches).lower()}):
-            return [*queries, start_gold(spark, lakehouse, settings.gold, **live)]
+            return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
 
 
 def stop_streams(queries: Iterable[StreamingQuery]) -> None:
@@ -224,15 +222,14 @@ class Monitor:
         return self.spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()["version"]
 
     def caught_up(self, landed_events: int) -> bool:
-        """Bronze has read every landed event, and silver and gold every commit of the table before them.
+        """Ingest has read every landed event, and gold every commit of silver.
 
-        Checked upstream first: a layer's progress is reported after its batch committed, so once
-        silver has read bronze's latest commit, silver's own latest commit holds all of it.
+        Checked upstream first: ingest reports a batch after committing it, so once it has read
+        every landed event, silver's latest commit holds all of them.
         """
         layers = self.layers
         return (
-            layers["bronze"].rows >= landed_events
-            and layers["silver"].has_read(self.lakehouse.bronze_transactions, self._latest_version(self.lakehouse.bronze_transactions))
+            layers["ingest"].rows >= landed_events
             and layers["gold"].has_read(self.lakehouse.silver_transactions, self._latest_version(self.lakehouse.silver_transactions))
         )
 

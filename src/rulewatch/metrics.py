@@ -45,9 +45,8 @@ def ensure_metrics_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_table(spark, lakehouse.pipeline_metrics, PIPELINE_METRICS, "One row per micro-batch of each layer")
 
 
-def record(spark: SparkSession, lakehouse: Lakehouse, layer: str, batch_id: int, started: float, **values: Any) -> None:
-    """Append the metrics row of ``layer``'s batch ``batch_id``; ``started`` is its ``time.time()``."""
-    ended = time.time()
+def metrics_row(layer: str, batch_id: int, started: float, ended: float, **values: Any) -> dict[str, Any]:
+    """One ``pipeline_metrics`` row; ``started`` and ``ended`` are ``time.time()`` values."""
     row = {
         "layer": layer,
         "batch_id": batch_id,
@@ -59,5 +58,16 @@ def record(spark: SparkSession, lakehouse: Lakehouse, layer: str, batch_id: int,
     unknown = set(row) - set(PIPELINE_METRICS.fieldNames())
     if unknown:
         raise ValueError(f"not pipeline_metrics columns: {sorted(unknown)}")
-    frame = spark.createDataFrame([tuple(row.get(f) for f in PIPELINE_METRICS.fieldNames())], PIPELINE_METRICS)
-    append_once(frame, lakehouse.pipeline_metrics, f"rulewatch.metrics.{layer}", batch_id)
+    return row
+
+
+def record_rows(spark: SparkSession, lakehouse: Lakehouse, query: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
+    """Append the metrics rows of query ``query``'s batch ``batch_id`` in one commit."""
+    names = PIPELINE_METRICS.fieldNames()
+    frame = spark.createDataFrame([tuple(row.get(f) for f in names) for row in rows], PIPELINE_METRICS)
+    append_once(frame, lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}", batch_id)
+
+
+def record(spark: SparkSession, lakehouse: Lakehouse, layer: str, batch_id: int, started: float, **values: Any) -> None:
+    """Append the metrics row of ``layer``'s batch ``batch_id``; ``started`` is its ``time.time()``."""
+    record_rows(spark, lakehouse, layer, batch_id, [metrics_row(layer, batch_id, started, time.time(), **values)])

@@ -2,13 +2,15 @@
 
 Nothing disappears: every bronze row ends in exactly one of ``silver/transactions``,
 ``silver/quarantine`` (with the reasons it failed) or ``silver/duplicates`` (a transaction id
-already accepted, in this batch or an earlier one; the first occurrence wins).
+already accepted, in this batch or an earlier one, with an event time within the dedup horizon;
+the first occurrence wins).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -17,6 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rulewatch import schema
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, record
+from rulewatch.rules import parse_duration
 from rulewatch.sinks import append_once, batch_column, ensure_table
 
 MAX_AMOUNT = 10**12
@@ -28,6 +31,11 @@ FUTURE_TOLERANCE_HOURS = 24
 PAYMENT_TYPES_ENV = "RULEWATCH_PAYMENT_TYPES"
 DEFAULT_PAYMENT_TYPES = "CSH,CRD"
 TEXT_FIELDS = [f for f in schema.FIELD_COLUMNS if f != "paymentAmount"]
+# A transaction id accepted before counts as a duplicate when the two event times lie within this
+# duration (a redelivery has the same event time). Bounding it keeps the check on recent silver
+# files instead of the whole table; set e.g. "30d" to look further back, at that scan's cost.
+DEDUP_HORIZON_ENV = "RULEWATCH_DEDUP_HORIZON"
+DEFAULT_DEDUP_HORIZON = "1d"
 
 
 def payment_types() -> list[str]:
@@ -111,53 +119,87 @@ def parse(bronze: DataFrame) -> DataFrame:
     return parsed.select("value", "source_file", "ingest_time", "ingest_seq", *typed, reasons.alias("reasons"))
 
 
-def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
-    """One bronze micro-batch -> silver / quarantine / duplicates, each write idempotent."""
-    spark = batch.sparkSession
-    started = time.time()
-    rows = parse(batch).persist()
+def dedup_horizon_ms() -> int:
+    """How far apart two event times of one transaction id may be and still count as a duplicate."""
+    return parse_duration(os.environ.get(DEDUP_HORIZON_ENV, DEFAULT_DEDUP_HORIZON))
+
+
+def _earlier_times(spark: SparkSession, lakehouse: Lakehouse, batch_id: int, event_range: tuple[Any, Any]) -> DataFrame:
+    """Per transaction id, the event times (ms) silver accepted it with in earlier batches near this batch's.
+
+    Earlier batches only: a replay of this batch must classify its rows exactly as before. The
+    event-time bound lets Delta skip files by their min/max statistics, so the check reads the
+    recent part of silver instead of all of it. (Built from the silver table alone; joining back a
+    frame derived from the batch is a self-join Spark may resolve ambiguously.)
+    """
+    horizon = F.expr(f"INTERVAL {dedup_horizon_ms()} MILLISECONDS")
+    low, high = event_range
+    return (
+        spark.read.format("delta")
+        .load(lakehouse.silver_transactions)
+        .where(F.col("silver_batch_id") < batch_id)
+        .where(F.col("event_time").between(F.lit(low) - horizon, F.lit(high) + horizon))
+        .groupBy("transaction_id")
+        .agg(F.collect_list(F.unix_millis("event_time")).alias("_seen_ms"))
+    )
+
+
+def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, int]:
+    """Numbered bronze lines -> silver / quarantine / duplicates as batch ``batch_id`` of query ``layer``.
+
+    Returns the batch's counts for ``pipeline_metrics``. A table this batch adds nothing to gets no
+    commit (each costs a Delta state reconstruction); a replay classifies identically, so it skips
+    the same ones.
+    """
+    spark = lines.sparkSession
+    valid = F.size("reasons") == 0
+    rows = parse(lines).withColumn("_valid", valid).persist()
     try:
-        bad = rows.where(F.size("reasons") > 0).select(
-            "value",
-            F.concat_ws("; ", "reasons").alias("reason"),
-            "source_file",
-            "ingest_time",
-            batch_column("silver_batch_id", batch_id),
-        )
-        first = Window.partitionBy("transaction_id").orderBy("ingest_time", "source_file", "ingest_seq")
-        good = rows.where(F.size("reasons") == 0).withColumn("_rank", F.row_number().over(first))
-        # Earlier batches only: a replay of this batch must classify its rows exactly as before.
-        # (Built from the silver table alone; joining back a frame derived from ``good`` is a
-        # self-join Spark may resolve ambiguously.)
-        seen = (
-            spark.read.format("delta")
-            .load(lakehouse.silver_transactions)
-            .where(F.col("silver_batch_id") < batch_id)
-            .select("transaction_id", F.lit(True).alias("_seen"))
-            .dropDuplicates(["transaction_id"])
-        )
-        good = good.join(seen, "transaction_id", "left").withColumn(
-            "_duplicate", (F.col("_rank") > 1) | F.col("_seen").isNotNull()
+        low, high = rows.where("_valid").agg(F.min("event_time"), F.max("event_time")).first()
+        first = Window.partitionBy("_valid", "transaction_id").orderBy("ingest_time", "source_file", "ingest_seq")
+        ranked = rows.withColumn("_rank", F.row_number().over(first))
+        if low is not None:
+            ranked = ranked.join(_earlier_times(spark, lakehouse, batch_id, (low, high)), "transaction_id", "left")
+        else:
+            ranked = ranked.withColumn("_seen_ms", F.lit(None).cast("array<long>"))
+        event_ms, horizon_ms = F.unix_millis("event_time"), dedup_horizon_ms()
+        seen = F.coalesce(F.exists("_seen_ms", lambda t: F.abs(t - event_ms) <= horizon_ms), F.lit(False))
+        classified = ranked.withColumn(
+            "_class",
+            F.when(~F.col("_valid"), "quarantined")
+            .when((F.col("_rank") > 1) | seen, "duplicates")
+            .otherwise("accepted"),
         ).persist()
-        accepted = good.where(~F.col("_duplicate")).select(
-            *[c for c in schema.SILVER.fieldNames() if c != "silver_batch_id"], batch_column("silver_batch_id", batch_id)
-        )
-        duplicates = good.where(F.col("_duplicate")).select(
-            "transaction_id", "value", "source_file", "ingest_time", batch_column("silver_batch_id", batch_id)
-        )
-        append_once(accepted, lakehouse.silver_transactions, "rulewatch.silver.transactions", batch_id)
-        append_once(bad, lakehouse.silver_quarantine, "rulewatch.silver.quarantine", batch_id)
-        append_once(duplicates, lakehouse.silver_duplicates, "rulewatch.silver.duplicates", batch_id)
-        split = {r["_duplicate"]: r["count"] for r in good.groupBy("_duplicate").count().collect()}
-        quarantined = bad.count()
-        record(
-            spark, lakehouse, "silver", batch_id, started,
-            rows_in=sum(split.values()) + quarantined, rows_out=split.get(False, 0),
-            quarantined=quarantined, duplicates=split.get(True, 0),
-        )  # fmt: skip
-        good.unpersist()
+        counts = {r["_class"]: r["count"] for r in classified.groupBy("_class").count().collect()}
+        batch = batch_column("silver_batch_id", batch_id)
+        tables = [
+            ("accepted", lakehouse.silver_transactions, "transactions",
+             [*[c for c in schema.SILVER.fieldNames() if c != "silver_batch_id"], batch]),
+            ("quarantined", lakehouse.silver_quarantine, "quarantine",
+             ["value", F.concat_ws("; ", "reasons").alias("reason"), "source_file", "ingest_time", batch]),
+            ("duplicates", lakehouse.silver_duplicates, "duplicates",
+             ["transaction_id", "value", "source_file", "ingest_time", batch]),
+        ]  # fmt: skip
+        for name, path, sink, columns in tables:
+            rows_of = classified.where(F.col("_class") == name).select(*columns)
+            append_once(rows_of, path, f"rulewatch.{layer}.{sink}", batch_id, rows=counts.get(name, 0))
+        classified.unpersist()
     finally:
         rows.unpersist()
+    accepted, quarantined, duplicates = (counts.get(k, 0) for k in ("accepted", "quarantined", "duplicates"))
+    return {
+        "rows_in": accepted + quarantined + duplicates,
+        "rows_out": accepted,
+        "quarantined": quarantined,
+        "duplicates": duplicates,
+    }
+
+
+def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+    """One bronze micro-batch -> silver / quarantine / duplicates, each write idempotent."""
+    started = time.time()
+    counts = write_classified(batch, batch_id, lakehouse)
+    record(batch.sparkSession, lakehouse, "silver", batch_id, started, **counts)
 
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
