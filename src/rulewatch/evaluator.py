@@ -56,6 +56,28 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in OUTPUT_COLUMNS})
 
 
+# Index entries (and timers) one call may add. A batch spanning hours of event time (a backfill)
+# would otherwise index its keys under hundreds of times, each a state read, write and timer.
+MAX_INDEX_ENTRIES = 16
+
+
+def expiry_buckets(expiry_ms: dict[str, int], steps: dict[str, int], max_entries: int = MAX_INDEX_ENTRIES) -> dict[int, set[str]]:
+    """Index time -> state keys to re-check then: each key's expiry rounded up to its keyset's step.
+
+    ``steps`` maps a keyset (the state key's prefix) to its rounding step. While that gives more
+    than ``max_entries`` times, every step doubles: a key is then purged later, never earlier.
+    """
+    factor = 1
+    while True:
+        buckets: dict[int, set[str]] = {}
+        for key, at in expiry_ms.items():
+            step = steps[key.split(KEY_SEPARATOR, 1)[0]] * factor
+            buckets.setdefault(min(-(-at // step) * step, MAX_SPAN_MS), set()).add(key)
+        if len(buckets) <= max_entries:
+            return buckets
+        factor *= 2
+
+
 class HistoryStore:
     """State key -> history blob over one MapState, in one of two layouts.
 
@@ -196,16 +218,12 @@ class RuleProcessor(StatefulProcessor):
         # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
         # number of index entries and timers per batch small; a key is purged at most that late.
         steps: dict[str, int] = {}
-        buckets: dict[int, set[str]] = {}
-        for key, at in expiry_ms.items():
+        for key in expiry_ms:
             keyset = key.split(KEY_SEPARATOR, 1)[0]
             if keyset not in steps:
                 eighth = book.retention_ms(keyset) // 8
                 steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
-            step = steps[keyset]
-            bucket = min(-(-at // step) * step, MAX_SPAN_MS)
-            buckets.setdefault(bucket, set()).add(key)
-        for bucket, keys in buckets.items():
+        for bucket, keys in expiry_buckets(expiry_ms, steps).items():
             existing = self.expiry.getValue((bucket,))
             if existing:
                 keys |= set(existing[0].split("\n"))
