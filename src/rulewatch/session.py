@@ -64,8 +64,6 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
-    builder = builder.config("spark.scheduler.mode", "FAIR")
-    builder = builder.config("spark.scheduler.allocation.file", str(Path(__file__).with_name("fairscheduler.xml")))
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_delta_jars()))
     log_config = Path(__file__).with_name("log4j2.properties")
     builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
