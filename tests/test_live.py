@@ -59,5 +59,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics)
     batches = {layer: sorted(r.batch_id for r in metrics.where(F.col("layer") == layer).collect()) for layer in ("bronze", "silver")}
     assert batches["bronze"] == batches["silver"] and batches["bronze"]
+    landed = metrics.where(F.col("layer") == "bronze").agg(F.sum("rows_in")).first()[0]
+    assert landed == bronze.count()
     with pytest.raises(CheckpointError, match="ingested by live mode"):
         check_queries(lakehouse, "bronze")  # the batch job would read every landed file again
