@@ -44,11 +44,18 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     assert first.score.false_positives == []
     assert first.latency_ms and all(0 < ms < 240_000 for ms in first.latency_ms)
     assert any(line.startswith("  ALERT rule 2 key burster-1-") for line in lines)
+    # Halfway through, a rule was edited; the first gold batch using that commit is timed from it.
+    change = first.rule_change
+    assert change is not None and change.batch_end_ms is not None, "\n".join(lines)
+    assert change.committed_ms < change.batch_end_ms < change.committed_ms + 240_000
+    edited = spark.read.format("delta").load(lakehouse.rules).where(F.col("ruleId") == change.rule_id).first()
+    assert edited.description.endswith("]") and "[edited live " in edited.description
 
     # The stop left checkpoints behind: the next start reads only the new files (no row read twice).
     second = demo(spark, lakehouse, landing, labels, GeneratorConfig(rate=40, duration=3, pattern_every=0.5, run_id="2"),
                   settings, drain_timeout=240, log=lines.append)  # fmt: skip
     assert second.caught_up and second.score.patterns["burst"].caught == 1 and not second.score.false_positives
+    assert spark.read.format("delta").load(lakehouse.rules).where(F.col("ruleId") == change.rule_id).first().description.count("[edited live") == 1
     bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
     assert bronze.count() == first.generated.events + second.generated.events == 520
     assert spark.read.format("delta").load(lakehouse.silver_duplicates).count() == 0

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -333,6 +334,60 @@ def _batch_summary(layer: LayerProgress) -> str:
     return f"{len(ms)}, p50 {percentile(ms, 50) / 1000:.2f}s, max {max(ms) / 1000:.2f}s ({phases})"
 
 
+@dataclass(frozen=True)
+class RuleChangeTiming:
+    """A rule edited mid-demo, and the first gold batch that evaluated events with it."""
+
+    rule_id: int
+    version: int  # its config/rules commit
+    committed_ms: int
+    batch_id: int | None = None  # None: no gold batch used it before the demo ended
+    batch_start_ms: int | None = None
+    batch_end_ms: int | None = None  # the batch's alerts and metrics committed
+
+    def line(self) -> str:
+        head = f"rule change -> first evaluation: rule {self.rule_id} edited (commit {self.version})"
+        if self.batch_end_ms is None or self.batch_start_ms is None:
+            return f"{head}, no gold batch evaluated with it before the end"
+        return (
+            f"{head}, first used by gold batch {self.batch_id}: started "
+            f"{(self.batch_start_ms - self.committed_ms) / 1000:.2f}s, committed "
+            f"{(self.batch_end_ms - self.committed_ms) / 1000:.2f}s after the rules commit"
+        )
+
+
+def edit_a_rule(spark: SparkSession, lakehouse: Lakehouse) -> RuleChangeTiming | None:
+    """Edit the first rule's description in ``config/rules``, as an analyst would mid-run.
+
+    Only the description changes, so detection is unaffected; the commit still reaches every shard
+    as a rule change, which is what the timing follows (None if there is no rule to edit).
+    """
+    from rulewatch.rules import parse_rules
+    from rulewatch.rules_table import apply_rules, export_rules
+
+    rules = export_rules(spark, lakehouse)
+    if not rules:
+        return None
+    rule = rules[0]
+    description = re.sub(r" ?\[edited live [0-9:]+\]$", "", rule.get("description") or "")
+    edited = {**rule, "description": f"{description} [edited live {time.strftime('%H:%M:%S')}]".strip()}
+    apply_rules(spark, lakehouse, parse_rules([edited]), updated_by="rulewatch demo")
+    commit = spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)} LIMIT 1").first()
+    return RuleChangeTiming(rule["ruleId"], commit["version"], round(commit["timestamp"].timestamp() * 1000))
+
+
+def first_evaluation(spark: SparkSession, lakehouse: Lakehouse, change: RuleChangeTiming) -> RuleChangeTiming:
+    """``change`` with the first gold batch whose evaluator ran with its commit (``rules_version``)."""
+    first = (
+        spark.read.format("delta").load(lakehouse.pipeline_metrics)
+        .where((F.col("layer") == "gold") & (F.col("rules_version") >= change.version))
+        .orderBy("batch_id")
+        .select("batch_id", F.unix_millis("batch_start").alias("start"), F.unix_millis("batch_end").alias("end"))
+        .first()
+    )  # fmt: skip
+    return replace(change, batch_id=first.batch_id, batch_start_ms=first.start, batch_end_ms=first.end) if first else change
+
+
 @dataclass
 class DemoReport:
     generated: generate.GenerateResult
@@ -342,6 +397,7 @@ class DemoReport:
     caught_up: bool
     drain_seconds: float  # generator end -> streams caught up: ~one pass through the layers unless a backlog grew
     layers: dict[str, LayerProgress]
+    rule_change: RuleChangeTiming | None = None
 
     def lines(self) -> list[str]:
         g = self.generated
@@ -354,6 +410,7 @@ class DemoReport:
             *self.score.lines(),
             f"ingest -> alert latency: {latency_summary(self.latency_ms)}",
             f"event  -> alert latency: {latency_summary(self.event_latency_ms)}",
+            *([self.rule_change.line()] if self.rule_change else []),
             "micro-batches that read rows (count, median and max time, where the time went):",
             *[f"  {name:<6} {_batch_summary(layer)}" for name, layer in self.layers.items()],
         ]
@@ -371,8 +428,9 @@ def demo(
 ) -> DemoReport:
     """Start the streams, then the generator; follow both; let the streams drain; score and summarise.
 
-    The caller applies the rules first (``DEMO_RULES``). Ctrl-C stops the generator and the streams
-    cleanly and still reports what was scored so far.
+    Halfway through the traffic a rule is edited (``edit_a_rule``) and the report times how soon
+    gold evaluated with it. The caller applies the rules first (``DEMO_RULES``). Ctrl-C stops the
+    generator and the streams cleanly and still reports what was scored so far.
     """
     generate.check_folders(landing, labels)
     landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
@@ -380,6 +438,7 @@ def demo(
     queries = monitor.queries = start_streams(spark, lakehouse, str(landing), settings)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
+    edits: list[RuleChangeTiming | None] = []
     caught_up, drain_seconds = False, 0.0
     try:
         log("waiting for the streams' first micro-batch ...")
@@ -387,7 +446,13 @@ def demo(
         log(f"generating {config.rate:,.0f} events/s for {config.duration:.0f}s (run {config.run_id})")
         generator = threading.Thread(target=lambda: result.append(generate.run(config, landing, labels, stop)), daemon=True)
         generator.start()
-        follow(monitor, lambda: not generator.is_alive(), log)
+        edit_at = time.monotonic() + config.duration / 2
+        follow(monitor, lambda: not generator.is_alive() or time.monotonic() >= edit_at, log)
+        if generator.is_alive():
+            edits.append(edit_a_rule(spark, lakehouse))
+            if edits[0]:
+                log(f"rules: edited rule {edits[0].rule_id}'s description (commit {edits[0].version}); timing its first evaluation")
+            follow(monitor, lambda: not generator.is_alive(), log)
         generator_end = time.monotonic()
         landed = result[0].events if result else 0
         log(f"generator done ({landed:,} events); letting the streams catch up ...")
@@ -409,6 +474,7 @@ def demo(
         caught_up=caught_up,
         drain_seconds=drain_seconds,
         layers=monitor.layers,
+        rule_change=first_evaluation(spark, lakehouse, edits[0]) if edits and edits[0] else None,
     )
 
 
