@@ -616,7 +616,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     _generator_options(gen, 1000)
     gen.set_defaults(func=cmd_generate)
 
-    live = subparsers.add_parser("stream", help="run bronze -> silver -> gold continuously until Ctrl-C")
+    live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
     _stream_options(live)
     live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
     live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
