@@ -26,7 +26,7 @@ from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import parse_rules
 from rulewatch.rules_table import apply_rules
 from rulewatch.silver import ensure_silver_tables
-from rulewatch.sinks import table_ref
+from rulewatch.sinks import latest_commit
 
 # Amounts are uniform in 1..5,000; with 10k payees over 24 h a limit of 12,500 fires on ~1.6% of
 # events (5,000: ~35%), closer to what fraud rules do. ``--limit`` changes it.
@@ -152,7 +152,7 @@ def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 m
         time.sleep(5)  # let the stream warm up
         for trial in range(trials):
             apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": 0}]))
-            history = spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)} LIMIT 1").first()
+            history = latest_commit(spark, lakehouse.rules)
             version, committed = history["version"], history["timestamp"]
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -160,6 +160,7 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
             batch,
         )
         counts = _counts(out)
+        fired = counts.pop("fired")
         # Alerts first: they are what someone is waiting for; a table this batch adds nothing to
         # gets no commit (each costs a Delta state reconstruction).
         for frame, path, sink, rows in [
@@ -170,7 +171,6 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
         ]:
             append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
         committed_ms = round(time.time() * 1000)
-        fired = out.where("kind = 'alert'").select("ingest_ms", "event_ms").collect() if counts["alerts"] else []
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         record(
             out.sparkSession, lakehouse, "gold", batch_id, started,
@@ -184,13 +184,14 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
         out.unpersist()
 
 
-def _counts(out: DataFrame) -> dict[str, int]:
-    """Row counts per output table and the batch's evaluator statistics, in one pass."""
+def _counts(out: DataFrame) -> dict[str, Any]:
+    """Row counts per output table, the batch's evaluator statistics and the alerts' times, in one pass."""
     kind = F.col("kind")
     return (
         out.groupBy()
         .agg(
             F.count(F.when(kind == "alert", 1)).alias("alerts"),
+            F.collect_list(F.when(kind == "alert", F.struct("ingest_ms", "event_ms"))).alias("fired"),
             F.count(F.when(kind == "metric", 1)).alias("metrics"),
             F.count(F.when(kind == "late", 1)).alias("late_events"),
             F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),

@@ -1,8 +1,8 @@
 """Live mode: the pipeline as continuous streams (``rulewatch stream``), with a generator (``rulewatch demo``).
 
 Two queries run on processing-time triggers: ingest (landing -> bronze + silver in one
-micro-batch, ingest.py) and gold, the same query the batch job uses; a monitor on the driver turns their progress and the new rows of ``gold/alerts`` into a progress
-line, and the demo scores the alerts against the generator's labels. Stopping (Ctrl-C, or the end
+micro-batch, ingest.py) and gold, the same query the batch job uses. A monitor on the driver
+turns their progress and the new rows of ``gold/alerts`` into a progress line, and the demo scores the alerts against the generator's labels. Stopping (Ctrl-C, or the end
 of a demo) stops each query between micro-batches, so the checkpoints stay usable and the next
 start continues from them.
 """
@@ -33,7 +33,7 @@ from rulewatch.ingest import start_ingest
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
 from rulewatch.pipeline import ensure_all_tables
-from rulewatch.sinks import table_ref
+from rulewatch.sinks import latest_commit
 
 LAYERS = ("ingest", "gold")
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ class Monitor:
         return line, new
 
     def _latest_version(self, table: str) -> int:
-        return self.spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()["version"]
+        return latest_commit(self.spark, table)["version"]
 
     def caught_up(self, landed_events: int) -> bool:
         """Ingest has read every landed event, and gold every commit of silver.
@@ -372,7 +372,7 @@ def edit_a_rule(spark: SparkSession, lakehouse: Lakehouse) -> RuleChangeTiming |
     description = re.sub(r" ?\[edited live [0-9:]+\]$", "", rule.get("description") or "")
     edited = {**rule, "description": f"{description} [edited live {time.strftime('%H:%M:%S')}]".strip()}
     apply_rules(spark, lakehouse, parse_rules([edited]), updated_by="rulewatch demo")
-    commit = spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)} LIMIT 1").first()
+    commit = latest_commit(spark, lakehouse.rules)
     return RuleChangeTiming(rule["ruleId"], commit["version"], round(commit["timestamp"].timestamp() * 1000))
 
 
@@ -438,7 +438,7 @@ def demo(
     queries = monitor.queries = start_streams(spark, lakehouse, str(landing), settings)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
-    edits: list[RuleChangeTiming | None] = []
+    change: RuleChangeTiming | None = None
     caught_up, drain_seconds = False, 0.0
     try:
         log("waiting for the streams' first micro-batch ...")
@@ -449,9 +449,9 @@ def demo(
         edit_at = time.monotonic() + config.duration / 2
         follow(monitor, lambda: not generator.is_alive() or time.monotonic() >= edit_at, log)
         if generator.is_alive():
-            edits.append(edit_a_rule(spark, lakehouse))
-            if edits[0]:
-                log(f"rules: edited rule {edits[0].rule_id}'s description (commit {edits[0].version}); timing its first evaluation")
+            change = edit_a_rule(spark, lakehouse)
+            if change:
+                log(f"rules: edited rule {change.rule_id}'s description (commit {change.version}); timing its first evaluation")
             follow(monitor, lambda: not generator.is_alive(), log)
         generator_end = time.monotonic()
         landed = result[0].events if result else 0
@@ -474,7 +474,7 @@ def demo(
         caught_up=caught_up,
         drain_seconds=drain_seconds,
         layers=monitor.layers,
-        rule_change=first_evaluation(spark, lakehouse, edits[0]) if edits and edits[0] else None,
+        rule_change=first_evaluation(spark, lakehouse, change) if change else None,
     )
 
 

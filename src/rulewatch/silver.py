@@ -124,7 +124,9 @@ def dedup_horizon_ms() -> int:
     return parse_duration(os.environ.get(DEDUP_HORIZON_ENV, DEFAULT_DEDUP_HORIZON))
 
 
-def _earlier_times(spark: SparkSession, lakehouse: Lakehouse, batch_id: int, event_range: tuple[Any, Any]) -> DataFrame:
+def _earlier_times(
+    spark: SparkSession, lakehouse: Lakehouse, batch_id: int, event_range: tuple[Any, Any], horizon_ms: int
+) -> DataFrame:
     """Per transaction id, the event times (ms) silver accepted it with in earlier batches near this batch's.
 
     Earlier batches only: a replay of this batch must classify its rows exactly as before. The
@@ -132,7 +134,7 @@ def _earlier_times(spark: SparkSession, lakehouse: Lakehouse, batch_id: int, eve
     recent part of silver instead of all of it. (Built from the silver table alone; joining back a
     frame derived from the batch is a self-join Spark may resolve ambiguously.)
     """
-    horizon = F.expr(f"INTERVAL {dedup_horizon_ms()} MILLISECONDS")
+    horizon = F.expr(f"INTERVAL {horizon_ms} MILLISECONDS")
     low, high = event_range
     return (
         spark.read.format("delta")
@@ -152,6 +154,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     the same ones.
     """
     spark = lines.sparkSession
+    horizon_ms = dedup_horizon_ms()
     valid = F.size("reasons") == 0
     rows = parse(lines).withColumn("_valid", valid).persist()
     try:
@@ -159,10 +162,11 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         first = Window.partitionBy("_valid", "transaction_id").orderBy("ingest_time", "source_file", "ingest_seq")
         ranked = rows.withColumn("_rank", F.row_number().over(first))
         if low is not None:
-            ranked = ranked.join(_earlier_times(spark, lakehouse, batch_id, (low, high)), "transaction_id", "left")
+            earlier = _earlier_times(spark, lakehouse, batch_id, (low, high), horizon_ms)
+            ranked = ranked.join(earlier, "transaction_id", "left")
         else:
             ranked = ranked.withColumn("_seen_ms", F.lit(None).cast("array<long>"))
-        event_ms, horizon_ms = F.unix_millis("event_time"), dedup_horizon_ms()
+        event_ms = F.unix_millis("event_time")
         seen = F.coalesce(F.exists("_seen_ms", lambda t: F.abs(t - event_ms) <= horizon_ms), F.lit(False))
         classified = ranked.withColumn(
             "_class",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -32,6 +32,11 @@ def table_ref(path: str) -> str:
     if "`" in path:
         raise ValueError(f"table path {path!r} contains a backtick; choose a lakehouse path without one")
     return f"delta.`{path}`"
+
+
+def latest_commit(spark: SparkSession, path: str) -> Row:
+    """The newest commit of the Delta table at ``path`` (``version``, ``timestamp``, ...)."""
+    return spark.sql(f"DESCRIBE HISTORY {table_ref(path)} LIMIT 1").first()
 
 
 def ensure_table(
