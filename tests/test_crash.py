@@ -135,9 +135,13 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     for point in ["rulewatch.bronze.transactions:0:after",  # bronze committed, its checkpoint not
                   "rulewatch.silver.quarantine:0:after",  # silver half written
                   "rulewatch.gold.alerts:0:after"]:  # alerts committed, window_metrics of the same batch not
+        started = time.monotonic()
         assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
+        reached = time.monotonic() - started
         kills.append(point)
-    seconds = random.Random(time.time_ns()).uniform(15, 45)  # wall-clock: wherever the run happens to be
+    # Wall-clock, wherever the run happens to be: within the time the last attempt took to reach
+    # gold's writes, which the next run must also reach (a fixed range can outlast a fast run).
+    seconds = random.Random(time.time_ns()).uniform(0.2, 0.8) * reached
     if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
     assert _attempt(lakehouse, landing) == 0
