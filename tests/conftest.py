@@ -20,6 +20,13 @@ def spark():
     return get_spark("rulewatch-tests")
 
 
+def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=None):
+    """Lines as bronze rows (valid UTF-8, numbered in order), for silver tests without a landing folder."""
+    from rulewatch.schema import BRONZE
+
+    return spark.createDataFrame([(line, source, ingest_time, i, None, None, None) for i, line in enumerate(lines)], BRONZE)
+
+
 @dataclass
 class PipelineRun:
     lakehouse: "object"

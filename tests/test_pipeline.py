@@ -67,7 +67,7 @@ def test_quarantine_names_each_reason(spark, fixture_run):
         "malformed JSON (not a JSON object on one line)": 1,
         "missing transactionId": 1,
         "missing eventTime": 1,
-        "unparsable eventTime 'yesterday' (expected epoch ms or ISO-8601)": 1,
+        "unparsable eventTime 'yesterday' (expected epoch milliseconds or an ISO-8601 date and time)": 1,
         "paymentAmount is not a number: 'abc'": 1,
         "negative paymentAmount -100": 1,
     })  # fmt: skip

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from rulewatch.lakehouse import Lakehouse
-from rulewatch.schema import BRONZE
+from conftest import bronze_frame
 from rulewatch.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
@@ -17,13 +17,18 @@ GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "bene
 
 
 def _parse(spark, lines: list[str]):
-    bronze = spark.createDataFrame([(line, "f.jsonl", None, i) for i, line in enumerate(lines)], BRONZE)
+    bronze = bronze_frame(spark, lines)
     return sorted(parse(bronze).collect(), key=lambda r: r.ingest_seq)
 
 
 def _line(**changes) -> str:
     record = {**GOOD, **changes}
     return json.dumps({k: v for k, v in record.items() if v is not ...})
+
+
+def _number_amount(digits: str) -> str:
+    """A good line whose paymentAmount is the JSON number written exactly as ``digits``."""
+    return _line().replace('"paymentAmount": 12.5', f'"paymentAmount": {digits}')
 
 
 @pytest.mark.parametrize(
@@ -35,14 +40,35 @@ def _line(**changes) -> str:
         (_line(transactionId=...), ["missing transactionId"]),
         (_line(transactionId="  "), ["missing transactionId"]),
         (_line(eventTime=...), ["missing eventTime"]),
-        (_line(eventTime="tomorrow"), ["unparsable eventTime 'tomorrow' (expected epoch ms or ISO-8601)"]),
+        (_line(eventTime="tomorrow"), ["unparsable eventTime 'tomorrow' (expected epoch milliseconds or an ISO-8601 date and time)"]),
         (_line(paymentAmount="abc"), ["paymentAmount is not a number: 'abc'"]),
         (_line(paymentAmount=-1), ["negative paymentAmount -1"]),
         (_line(paymentAmount=10**13), ["paymentAmount above 1,000,000,000,000: 10000000000000"]),
         (_line(paymentAmount="1.005"), ["paymentAmount has more than 2 decimal places: 1.005"]),
+        # Strict JSON: Spark's reader would take the first object, the single quotes or the last of two keys.
+        (_line() + '{"transactionId": "t9"}', ["trailing content after the JSON object (one object per line)"]),
+        (_line() + " junk", ["trailing content after the JSON object (one object per line)"]),
+        (_line() + "}", ["trailing content after the JSON object (one object per line)"]),
+        (_line() + ' "}"', ["trailing content after the JSON object (one object per line)"]),
+        (_line().replace('"', "'"), ["malformed JSON (not a JSON object on one line)"]),
+        (_line()[:-1] + ', "paymentAmount": 5000}', ["duplicate key in the JSON object (each field may appear once)"]),
+        ('{"transactionId": "t1", "eventTime": NaN}', ["malformed JSON (not a JSON object on one line)"]),
+        (_line(payeeId='x"}{"y'), []),  # braces and escaped quotes inside a string are data
+        # Time: no silent 1970 or today.
+        (_line(eventTime=1793527200), ["eventTime '1793527200' is before 2000-01-01T00:00:00Z (epoch seconds? send milliseconds)"]),
+        (_line(eventTime="10:00:00"), ["unparsable eventTime '10:00:00' (expected epoch milliseconds or an ISO-8601 date and time)"]),
+        (_line(eventTime="2026-11-01"), ["unparsable eventTime '2026-11-01' (expected epoch milliseconds or an ISO-8601 date and time)"]),
+        (_line(eventTime="1999-12-31T23:59:59Z"), ["eventTime '1999-12-31T23:59:59Z' is before 2000-01-01T00:00:00Z"]),
+        # Money: the digits as sent, at any length.
+        # (Spark's JSON reader hands the number 10.000000000000000000001 over as "10.0".)
+        (_number_amount("10.000000000000000000001"), ["paymentAmount has more than 2 decimal places: 10.000000000000000000001"]),
+        (_line(paymentAmount="10.000000000001"), ["paymentAmount has more than 2 decimal places: 10.000000000001"]),
+        (_number_amount("1e3"), ["paymentAmount must be a plain decimal number (no exponent, at most 38 digits): '1e3'"]),
+        (_line(paymentAmount="1e3"), ["paymentAmount must be a plain decimal number (no exponent, at most 38 digits): '1e3'"]),
+        (_line(paymentAmount="10.500"), []),
         (
             _line(transactionId=..., eventTime="x", paymentAmount=True),
-            ["missing transactionId", "unparsable eventTime 'x' (expected epoch ms or ISO-8601)",
+            ["missing transactionId", "unparsable eventTime 'x' (expected epoch milliseconds or an ISO-8601 date and time)",
              "paymentAmount is not a number: 'true'"],
         ),
     ],
@@ -73,7 +99,7 @@ def test_good_lines_are_typed_exactly(spark):
 
 def _classify(spark, lakehouse, batch_id: int, lines: list[str]) -> dict[str, int]:
     now = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
-    bronze = spark.createDataFrame([(line, f"b{batch_id}.jsonl", now, i) for i, line in enumerate(lines)], BRONZE)
+    bronze = bronze_frame(spark, lines, f"b{batch_id}.jsonl", now)
     return write_classified(bronze, batch_id, lakehouse)
 
 
@@ -93,4 +119,6 @@ def test_a_repeated_id_is_a_duplicate_within_the_dedup_horizon(spark, tmp_path, 
     duplicates = sorted(r.transaction_id for r in spark.read.format("delta").load(lakehouse.silver_duplicates).collect())
     expected = ["t1", "t3"] + (["t2"] if far_repeat == "duplicate" else [])
     assert duplicates == sorted(expected)
-    assert counts == {"rows_in": 4, "rows_out": 4 - len(expected), "quarantined": 0, "duplicates": len(expected)}
+    assert counts == {"rows_in": 4, "rows_out": 4 - len(expected), "quarantined": 0, "duplicates": len(expected),
+                      "rows_written": {"silver/transactions": 4 - len(expected), "silver/quarantine": 0,
+                                       "silver/duplicates": len(expected)}}  # fmt: skip

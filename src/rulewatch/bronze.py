@@ -18,18 +18,30 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
     """Stream the landing folder line by line (Auto Loader on Databricks, the file source locally).
 
     Lines are read as text, not JSON, so a malformed line still reaches bronze and can be
-    quarantined with a reason in silver instead of vanishing in a JSON reader.
+    quarantined with a reason in silver instead of vanishing in a JSON reader. Subfolders are read
+    too (``2026/11/23/x.jsonl``), without inferring partitions from folder names, so no layout of
+    the landing folder can fail the read; names starting with ``.`` or ``_`` are skipped
+    (landing.py: files still being written, by the landing contract).
     """
     if is_databricks():
+        # Auto Loader lists subfolders itself and tracks files in its own state.
         reader = spark.readStream.format("cloudFiles").option("cloudFiles.format", "text")
     else:
-        reader = spark.readStream.format("text")
+        # maxFileAge: the file source otherwise skips, silently, a file whose modification time is a
+        # week older than the newest file it has seen (a backfill copied with its old times).
+        reader = spark.readStream.format("text").option("recursiveFileLookup", "true").option("maxFileAge", "36500d")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    # The text source does not check UTF-8: invalid bytes would reach Parquet (which no reader then
+    # opens) or decode to U+FFFD and merge different keys. Keep the text valid and the bytes exact.
+    utf8 = F.expr("is_valid_utf8(value)")
     return reader.load(landing).select(
-        F.col("value"),
+        F.when(utf8, F.col("value")).otherwise(F.expr("make_valid_utf8(value)")).alias("value"),
         F.col("_metadata.file_path").alias("source_file"),
         F.current_timestamp().alias("ingest_time"),
+        F.when(~utf8, F.col("value").cast("binary")).alias("value_bytes"),
+        F.col("_metadata.file_size").alias("source_file_size"),
+        F.col("_metadata.file_modification_time").alias("source_file_mtime"),
     )
 
 
@@ -47,13 +59,18 @@ def append(lines: DataFrame, lakehouse: Lakehouse, batch_id: int, layer: str = "
     append_once(lines, lakehouse.bronze_transactions, f"rulewatch.{layer}.transactions", batch_id)
 
 
+def landed_counts(lakehouse: Lakehouse, lines: int) -> dict:
+    """The bronze ``pipeline_metrics`` values of a batch of ``lines`` landed lines."""
+    return {"rows_in": lines, "rows_out": lines, "rows_written": {lakehouse.name_of(lakehouse.bronze_transactions): lines}}
+
+
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
     started = time.time()
     lines = numbered(batch).persist()
     try:
         count = lines.count()
         append(lines, lakehouse, batch_id)
-        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, rows_in=count, rows_out=count)
+        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, **landed_counts(lakehouse, count))
     finally:
         lines.unpersist()
 

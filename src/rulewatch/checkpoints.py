@@ -5,7 +5,9 @@ rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks 
 + ``txnVersion``, see sinks.py) skip every batch id they already hold, and bronze re-ingests every
 landed file. So before a query starts, the last batch planned in its checkpoint must be at least the
 last batch any of its sinks committed; a damaged checkpoint file is reported by path instead of as a
-stack trace from inside Spark. docs/reliability.md has the recovery steps the errors point to.
+stack trace from inside Spark. The other way round, every table must still hold every batch the
+checkpoint has committed (a lost Delta commit), and a stateful query its state folders.
+docs/reliability.md has the recovery steps the errors point to.
 
 Both sides are read as plain files, so the check needs a local or mounted path (a UC volume);
 on a ``scheme://`` lakehouse it is skipped.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
@@ -69,31 +72,76 @@ def last_planned_batch(checkpoint: str) -> int:
     return offsets[-1] if offsets else -1
 
 
-def _transactions(log: Path) -> Iterator[dict]:
-    """The ``txn`` actions of a Delta log: its newest checkpoint's, then every later commit's.
+def _log_versions(log: Path) -> tuple[int, list[int]]:
+    """(newest checkpoint version or -1, the commit versions after it), refusing a gap.
 
-    Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
-    cleanup has removed the early commit files.
+    Delta reads a table as the checkpoint plus every later commit; a commit file missing from that
+    run (removed by hand, lost on object storage) silently drops its rows if it was the newest one,
+    or breaks every read if not. Either way nothing more may be written before it is restored.
     """
     checkpoint_version = -1
     if (log / "_last_checkpoint").exists():
         checkpoint_version = json.loads((log / "_last_checkpoint").read_text())["version"]
+    versions = sorted(int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name.split(".")[0].isdigit())
+    later = [v for v in versions if v > checkpoint_version]
+    expected = range(checkpoint_version + 1, (later[-1] + 1) if later else checkpoint_version + 1)
+    missing = sorted(set(expected) - set(later))
+    if missing:
+        raise CheckpointError(
+            f"Delta table {log.parent} is missing commit {missing[0]} ({log / f'{missing[0]:020d}.json'}): its rows "
+            f"are no longer part of the table. Do not run until it is restored (from a backup or a versioned "
+            f"bucket), or rebuild the table's layer: {RECOVERY}"
+        )
+    return checkpoint_version, later
+
+
+def _actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's.
+
+    Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
+    cleanup has removed the early commit files.
+    """
+    checkpoint_version, later = _log_versions(log)
     for part in sorted(log.glob(f"{checkpoint_version:020d}.checkpoint*.parquet")):
-        yield from (t for t in pq.read_table(part, columns=["txn"]).column("txn").to_pylist() if t)
-    for commit in sorted(log.glob("*.json")):
-        if int(commit.name.split(".")[0]) > checkpoint_version:
-            lines = commit.read_text(encoding="utf-8").splitlines()
-            yield from (json.loads(line)["txn"] for line in lines if line.startswith('{"txn"'))
+        table = pq.read_table(part, columns=list(kinds))
+        for kind in kinds:
+            yield from ((kind, a) for a in table.column(kind).to_pylist() if a)
+    for version in later:
+        for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
+            action = json.loads(line)
+            yield from ((kind, action[kind]) for kind in kinds if kind in action)
 
 
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     """``{txnAppId: last txnVersion}`` for the idempotent writers of ``table`` whose id starts with the prefix."""
     log = Path(table, "_delta_log")
     latest: dict[str, int] = {}
-    for txn in _transactions(log) if log.is_dir() else ():
+    for _, txn in _actions(log, ("txn",)) if log.is_dir() else ():
         if txn["appId"].startswith(app_id_prefix):
             latest[txn["appId"]] = max(latest.get(txn["appId"], -1), txn["version"])
     return latest
+
+
+def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
+    """Table -> the newest batch of ``layers`` that appended rows to it, per ``pipeline_metrics``."""
+    log = Path(metrics_table, "_delta_log")
+    live: dict[str, None] = {}
+    for kind, action in _actions(log, ("add", "remove")) if log.is_dir() else ():
+        if kind == "add":
+            live[action["path"]] = None
+        else:
+            live.pop(action["path"], None)
+    newest: dict[str, int] = {}
+    for path in live:
+        part = pq.ParquetFile(Path(metrics_table, unquote(path)))
+        if "rows_written" not in part.schema_arrow.names:
+            continue  # written before the column existed
+        for row in part.read(columns=["layer", "batch_id", "rows_written"]).to_pylist():
+            if row["layer"] in layers:
+                for table, rows in row["rows_written"] or ():
+                    if rows:
+                        newest[table] = max(newest.get(table, -1), row["batch_id"])
+    return newest
 
 
 def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]]) -> None:
@@ -114,6 +162,59 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]]) -> None:
                     "Starting from it would number new batches from an old id, and the idempotent writes would "
                     f"skip them (data loss). Do not run until the checkpoint is restored or the layer rebuilt: {RECOVERY}"
                 )
+
+
+# The pipeline_metrics rows each query writes, by layer (the ingest query writes both of its layers').
+QUERY_LAYERS = {"bronze": ["bronze"], "silver": ["silver"], "ingest": ["bronze", "silver"], "gold": ["gold"]}
+STATEFUL = {"gold"}
+
+
+def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[str, str]]) -> None:
+    """Fail unless every table holds every batch the query's checkpoint says it committed.
+
+    The other direction of ``check_checkpoint``: a lost commit (the newest one of a table) would
+    otherwise go unnoticed, because the checkpoint never replays a committed batch. Every batch
+    writes a ``pipeline_metrics`` row naming the rows it appended per table, so: the metrics table
+    must hold the checkpoint's last committed batch, and each table the newest batch that wrote to it.
+    """
+    checkpoint = Path(lakehouse.checkpoint(query))
+    committed = _numbered(checkpoint / "commits")
+    if "://" in lakehouse.root or not committed or query not in QUERY_LAYERS:
+        return
+    if query in STATEFUL:
+        _check_state(checkpoint, committed[-1])
+    metrics = lakehouse.pipeline_metrics
+    recorded = max(committed_batches(metrics, f"rulewatch.metrics.{query}").values(), default=-1)
+    if recorded < committed[-1]:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
+            f"rows only up to batch {recorded}: commits of that table are lost. Do not run until they are restored "
+            f"or the layer rebuilt: {RECOVERY}"
+        )
+    newest = _rows_written(metrics, QUERY_LAYERS[query])
+    for table, app_id_prefix in sinks:
+        wrote = newest.get(lakehouse.name_of(table), -1)
+        holds = max(committed_batches(table, app_id_prefix).values(), default=-1)
+        if holds < wrote:
+            raise CheckpointError(
+                f"{table} has lost rows: batch {wrote} of the {query} query appended to it (gold/pipeline_metrics), "
+                f"but its newest commit from that query is batch {holds}. A commit was removed or lost; do not run "
+                f"until it is restored or the layer rebuilt: {RECOVERY}"
+            )
+
+
+def _check_state(checkpoint: Path, last_committed: int) -> None:
+    """A stateful query that has committed a batch must still have its state store folders."""
+    offsets = checkpoint / "offsets" / str(max(_numbered(checkpoint / "offsets")))
+    conf = json.loads(offsets.read_text(encoding="utf-8").splitlines()[1]).get("conf", {})
+    partitions = int(conf.get("spark.sql.shuffle.partitions", "0"))
+    missing = [p for p in range(partitions) if not (checkpoint / "state" / "0" / str(p)).is_dir()]
+    if missing or not (checkpoint / "state").is_dir():
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has committed batch {last_committed} but its state "
+            f"({checkpoint / 'state'}{f', partitions {missing}' if missing else ''}) is gone: the evaluator would "
+            f"start without the windows it holds and miss alerts. Restore the folder, or rebuild gold: {RECOVERY}"
+        )
 
 
 def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
@@ -163,3 +264,4 @@ def check_queries(lakehouse: Lakehouse, *queries: str) -> None:
     for query in queries:
         _check_one_ingest_way(lakehouse, query)
         check_checkpoint(lakehouse.checkpoint(query), sinks[query])
+        check_tables_not_behind(lakehouse, query, sinks[query])

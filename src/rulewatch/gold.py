@@ -24,6 +24,7 @@ from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
+from rulewatch.silver import FUTURE_TOLERANCE_ENV, future_tolerance
 from rulewatch.sinks import append_once, batch_column, ensure_table
 
 
@@ -40,8 +41,13 @@ class GoldSettings:
             raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
         if not 0 <= self.state_slots <= 1_000_000:
             raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
-        parse_duration(self.allowed_lateness)
         parse_duration(self.cleanup_granularity)
+        if parse_duration(self.allowed_lateness) < parse_duration(future_tolerance()):
+            raise ValueError(
+                f"allowed lateness {self.allowed_lateness} is below silver's future tolerance "
+                f"{future_tolerance()} ({FUTURE_TOLERANCE_ENV}): one event "
+                "dated that far ahead could then make on-time events late. Raise the lateness or lower the tolerance."
+            )
 
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
@@ -163,6 +169,7 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
         fired = counts.pop("fired")
         # Alerts first: they are what someone is waiting for; a table this batch adds nothing to
         # gets no commit (each costs a Delta state reconstruction).
+        written: dict[str, int] = {}
         for frame, path, sink, rows in [
             (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
             (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics")),
@@ -170,12 +177,14 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
             (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
         ]:
             append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
+            written[lakehouse.name_of(path)] = rows
         committed_ms = round(time.time() * 1000)
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         record(
             out.sparkSession, lakehouse, "gold", batch_id, started,
             **counts,
             rows_out=counts["alerts"],
+            rows_written=written,
             state_rows_total=rows_total,
             state_bytes_total=bytes_total,
             **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),

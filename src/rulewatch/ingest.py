@@ -31,7 +31,7 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
         counts = silver.write_classified(lines, batch_id, lakehouse, layer=QUERY)
         landed = counts["rows_in"]  # silver classifies every line: no separate count job
         rows = [
-            metrics_row("bronze", batch_id, started, bronze_done, rows_in=landed, rows_out=landed),
+            metrics_row("bronze", batch_id, started, bronze_done, **bronze.landed_counts(lakehouse, landed)),
             metrics_row("silver", batch_id, bronze_done, time.time(), **counts),
         ]
         record_rows(batch.sparkSession, lakehouse, QUERY, batch_id, rows)

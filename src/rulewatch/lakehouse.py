@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,10 @@ class Lakehouse:
 
     def table(self, layer: str, name: str) -> str:
         return f"{self.root}/{layer}/{name}"
+
+    def name_of(self, path: str) -> str:
+        """``<root>/gold/alerts`` -> ``gold/alerts``: how metrics rows name a table."""
+        return path[len(self.root) + 1 :]
 
     def checkpoint(self, query: str) -> str:
         return f"{self.root}/_checkpoints/{query}"
@@ -82,6 +86,33 @@ class LakehouseBusy(RuntimeError):
     """Another process is running the pipeline on the same lakehouse."""
 
 
+class LakehouseUnwritable(RuntimeError):
+    """The lakehouse folder cannot be created or written: a file in the way, a read-only mount, no permission."""
+
+
+def _unwritable(lakehouse: Lakehouse, err: OSError) -> LakehouseUnwritable:
+    root = Path(lakehouse.root)
+    if root.exists() and not root.is_dir():
+        return LakehouseUnwritable(f"lakehouse {root} is a file, not a folder; pass --lakehouse a folder (it is created if missing)")
+    return LakehouseUnwritable(
+        f"lakehouse {root} cannot be written ({err.strerror}: {err.filename}); "
+        "pass --lakehouse a folder on a writable file system that this user may write to"
+    )
+
+
+def _open_lock(lakehouse: Lakehouse) -> IO[str]:
+    """The lock file, open for appending: a run's first write to the lakehouse, so an unusable one fails here.
+
+    Trying the write is the only reliable test: permission bits say nothing about a read-only mount,
+    and root ignores them anyway.
+    """
+    try:
+        Path(lakehouse.root).mkdir(parents=True, exist_ok=True)
+        return open(Path(lakehouse.root, "_lock"), "a+")
+    except OSError as err:
+        raise _unwritable(lakehouse, err) from err
+
+
 @contextmanager
 def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
     """Hold the lakehouse for one run: a second run fails fast instead of racing on the checkpoints.
@@ -92,9 +123,7 @@ def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
     if "://" in lakehouse.root:
         yield
         return
-    Path(lakehouse.root).mkdir(parents=True, exist_ok=True)
-    path = Path(lakehouse.root, "_lock")
-    with open(path, "a+") as handle:
+    with _open_lock(lakehouse) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

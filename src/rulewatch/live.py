@@ -26,8 +26,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch import generate
+from rulewatch import arguments, generate
 from rulewatch.checkpoints import check_queries
+from rulewatch.landing import check_landing
 from rulewatch.gold import GoldSettings, start_gold
 from rulewatch.ingest import start_ingest
 from rulewatch.lakehouse import Lakehouse
@@ -74,6 +75,7 @@ def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
+    check_landing(lakehouse, landing)
     check_queries(lakehouse, "ingest", "gold")  # a lost checkpoint would silently skip data
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with _session_confs(spark, partitions):
@@ -558,8 +560,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     if error := _check_files(args.rules):
         print(f"rulewatch: {error}", file=sys.stderr)
         return 2
-    landing.mkdir(parents=True, exist_ok=True)
-    with exclusive(lakehouse):
+    with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
+        landing.mkdir(parents=True, exist_ok=True)
         spark = get_spark("rulewatch-stream")
         _apply_rules(spark, lakehouse, args.rules, print)
         print(f"rulewatch stream: {landing} -> {lakehouse.root}, trigger {args.trigger!r}; Ctrl-C stops cleanly")
@@ -593,9 +595,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     parser.add_argument("--trigger", default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
-    parser.add_argument("--shards", type=int, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
+    parser.add_argument("--shards", type=arguments.shards, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
     parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions for new checkpoints")
-    parser.add_argument("--allowed-lateness", default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
 
 

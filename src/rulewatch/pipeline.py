@@ -18,6 +18,7 @@ from rulewatch.bronze import start_bronze
 from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.landing import LandingReport, audit, check_landing
 from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
 from rulewatch.schema import BRONZE
 from rulewatch.silver import ensure_silver_tables, start_silver
@@ -41,10 +42,17 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_gold_tables(spark, lakehouse)
 
 
-def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> None:
+def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> LandingReport:
+    """Ingest everything landed once, then reconcile the landing folder with bronze (landing.py)."""
+    check_landing(lakehouse, landing)
     ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
     check_queries(lakehouse, "bronze")
+    started = time.time()
     _run(start_bronze(spark, landing, lakehouse), "bronze", log)
+    report = audit(spark, lakehouse, landing, "bronze", started)
+    for problem in report.problems:
+        log(f"bronze: NOT INGESTED: {problem}")
+    return report
 
 
 def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print) -> None:
@@ -67,19 +75,27 @@ class Summary:
     late: int
     alerts_per_rule: dict[int, int] = field(default_factory=dict)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    landing: LandingReport = field(default_factory=LandingReport)
 
     @property
     def balanced(self) -> bool:
         return self.bronze == self.silver + self.quarantined + self.duplicates
 
+    @property
+    def ok(self) -> bool:
+        """Every landed line is in bronze and every bronze line in silver, quarantine or duplicates."""
+        return self.balanced and not self.landing.problems
+
     def lines(self) -> list[str]:
         check = "ok" if self.balanced else "MISMATCH"
         out = [
+            *self.landing.lines(),
             f"bronze rows      {self.bronze}",
             f"silver rows      {self.silver}",
             f"quarantined      {self.quarantined}",
             f"duplicates       {self.duplicates}",
             f"  bronze = silver + quarantined + duplicates: {check}",
+            f"  every landed file read whole: {'ok' if not self.landing.problems else f'NO ({len(self.landing.problems)} file(s) above)'}",
             f"late events      {self.late}",
             f"alerts           {self.alerts}",
         ]
@@ -90,7 +106,7 @@ class Summary:
         return out
 
 
-def summarize(spark: SparkSession, lakehouse: Lakehouse) -> Summary:
+def summarize(spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport | None = None) -> Summary:
     def read(path: str):
         return spark.read.format("delta").load(path)
 
@@ -105,6 +121,7 @@ def summarize(spark: SparkSession, lakehouse: Lakehouse) -> Summary:
         late=read(lakehouse.late_events).count(),
         alerts_per_rule={r["rule_id"]: r["count"] for r in alerts.groupBy("rule_id").count().collect()},
         quarantine_reasons={r["reason"]: r["count"] for r in quarantine.groupBy("reason").count().collect()},
+        landing=landing or LandingReport(),
     )
 
 
@@ -122,12 +139,12 @@ def run_all(
         changes = apply_rules_file(spark, lakehouse, rules_file)
         for change in changes:
             log(f"rules: {change}")
-    run_bronze(spark, lakehouse, landing, log)
+    landed = run_bronze(spark, lakehouse, landing, log)
     run_silver(spark, lakehouse, log)
     run_gold(spark, lakehouse, settings, log)
     check_queries(lakehouse, "rule_history")
     run_rule_history(spark, lakehouse)
-    return changes, summarize(spark, lakehouse)
+    return changes, summarize(spark, lakehouse, landed)
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType, BooleanType, DecimalType, IntegerType, LongType, MapType, StringType, StructField, StructType,
+    ArrayType, BinaryType, BooleanType, DecimalType, IntegerType, LongType, MapType, StringType, StructField, StructType,
     TimestampType,
 )  # fmt: skip
 
@@ -32,10 +32,13 @@ RAW_SCHEMA = StructType(
 )
 
 BRONZE = StructType([
-    StructField("value", StringType()),
-    StructField("source_file", StringType()),
-    StructField("ingest_time", TimestampType()),
-    StructField("ingest_seq", LongType()),
+    StructField("value", StringType(), metadata={"comment": "The landed line; invalid UTF-8 sequences shown as U+FFFD (the bytes are in value_bytes)"}),
+    StructField("source_file", StringType(), metadata={"comment": "File the line came from"}),
+    StructField("ingest_time", TimestampType(), metadata={"comment": "When the micro-batch read it"}),
+    StructField("ingest_seq", LongType(), metadata={"comment": "Order of the line within its micro-batch"}),
+    StructField("value_bytes", BinaryType(), metadata={"comment": "The line's exact bytes when they are not valid UTF-8, else null"}),
+    StructField("source_file_size", LongType(), metadata={"comment": "Size of the file in bytes when it was read"}),
+    StructField("source_file_mtime", TimestampType(), metadata={"comment": "Modification time of the file when it was read"}),
 ])  # fmt: skip
 
 SILVER = StructType([
@@ -183,6 +186,7 @@ PIPELINE_METRICS = StructType([
     StructField("state_bytes_total", LongType(), metadata={"comment": "State bytes held after the batch (gold)"}),
     StructField("active_rules", IntegerType(), metadata={"comment": "Active rules after the batch (gold)"}),
     StructField("rules_version", LongType(), metadata={"comment": "Newest config/rules commit version applied (gold)"}),
+    StructField("rows_written", MapType(StringType(), LongType()), metadata={"comment": "Rows appended per table (layer/table) by the micro-batch; a start-up check compares it with each table's commits"}),
 ])  # fmt: skip
 
 # gold/rule_history: one row per change of config/rules, built from its change data feed.

@@ -23,9 +23,28 @@ from rulewatch.rules import parse_duration
 from rulewatch.sinks import append_once, batch_column, ensure_table
 
 MAX_AMOUNT = 10**12
-# An event time this far past its own ingest time is a broken clock or a typo, not a real event: it
-# would drag the watermark into the future and make every later event "late".
-FUTURE_TOLERANCE_HOURS = 24
+# An event time before this is a unit mistake (epoch seconds read as milliseconds land in January
+# 1970) or a placeholder, not a payment.
+EVENT_TIME_FLOOR = "2000-01-01T00:00:00Z"
+# An event time further than this past its own ingest time is quarantined. A future-dated event
+# would otherwise drag the watermark ahead and make every on-time event after it "late"; with the
+# tolerance no larger than gold's allowed lateness, no accepted event can move the watermark past
+# the ingest clock (docs/reliability.md, "Watermark poisoning"). Covers producer clock skew only.
+FUTURE_TOLERANCE_ENV = "RULEWATCH_FUTURE_TOLERANCE"
+DEFAULT_FUTURE_TOLERANCE = "5m"
+# An eventTime string must carry a date and a time of day (seconds, fraction and zone optional; no
+# zone means UTC): Spark alone would read "12:30" as today and "2026-11-23" as midnight.
+ISO_DATE_TIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?$"
+EPOCH_MS = r"^-?[0-9]{1,15}$"
+PLAIN_DECIMAL = r"^-?[0-9]+(\.[0-9]+)?$"
+CENTS = r"^-?[0-9]+(\.[0-9]{0,2}0*)?$"  # any length, but nothing other than zeros past the cents
+# Strict JSON: Spark's reader would accept single quotes and NaN; no other lenient feature is on by default.
+JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": "_corrupt_record",
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+}
 # The payment types silver accepts (the brief's cash and card). Data, not code: the environment
 # variable replaces the list ("CSH,CRD,WIRE") without a release; docs/reliability.md lists both.
 PAYMENT_TYPES_ENV = "RULEWATCH_PAYMENT_TYPES"
@@ -60,62 +79,129 @@ def _wrong_types() -> list[tuple[Column, Column]]:
     ]
 
 
-def parse(bronze: DataFrame) -> DataFrame:
-    """Bronze rows -> typed columns plus ``reasons``: an array of every check the row failed."""
-    allowed_types = payment_types()
-    parsed = bronze.withColumn(
-        "j",
-        F.from_json(
-            "value", schema.RAW_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"}
+def future_tolerance() -> str:
+    """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
+    return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
+
+
+def _skeleton(json_text: Column) -> Column:
+    """JSON text with every escape and string literal collapsed: only its structure is left."""
+    return F.regexp_replace(F.regexp_replace(json_text, r"(?s)\\.", "x"), '"[^"]*"', '""')
+
+
+def _brackets(text: Column) -> Column:
+    return F.length(text) - F.length(F.regexp_replace(text, r"[\[\]{}]", ""))
+
+
+def _one_object(value: Column, parsed: Column) -> Column:
+    """The line is one JSON object and nothing after it.
+
+    Spark's JSON parsers stop after the first value and ignore the rest (``{...}{...}``,
+    ``{...} junk``). The line's structure outside strings must start with ``{``, end with ``}`` and
+    hold exactly the brackets of the value the parser read: anything after that value adds a bracket
+    or ends in something other than ``}``.
+    """
+    skeleton = _skeleton(value)
+    return skeleton.rlike(r"^\s*\{") & skeleton.rlike(r"\}\s*$") & (_brackets(skeleton) == _brackets(_skeleton(F.to_json(parsed))))
+
+
+def _event_time_checks(text: Column, event_time: Column, epoch: Column) -> list[tuple[Column, Column]]:
+    tolerance = future_tolerance()
+    quoted = F.concat(F.lit("eventTime '"), text, F.lit("'"))
+    return [
+        (text.isNull(), F.lit("missing eventTime")),
+        (
+            text.isNotNull() & event_time.isNull(),
+            F.concat(F.lit("unparsable "), quoted, F.lit(" (expected epoch milliseconds or an ISO-8601 date and time)")),
         ),
-    ).withColumn("v", F.expr("try_parse_json(value)"))
+        (
+            event_time < F.lit(EVENT_TIME_FLOOR).cast("timestamp"),
+            F.concat(quoted, F.lit(f" is before {EVENT_TIME_FLOOR}"), F.when(epoch, F.lit(" (epoch seconds? send milliseconds)")).otherwise(F.lit(""))),
+        ),
+        (
+            event_time > F.col("ingest_time") + F.expr(f"INTERVAL {parse_duration(tolerance)} MILLISECONDS"),
+            F.concat(quoted, F.lit(f" is more than {tolerance} after its ingest time")),
+        ),
+    ]
+
+
+def _amount_checks(value: Column) -> tuple[Column, list[tuple[Column, Column]]]:
+    """The typed amount and its checks, read from the variant so the digits are exactly as sent.
+
+    (Spark's JSON reader hands a number over as a double's text: 10.000000000000000000001 becomes
+    "10.0" and would pass the cents check.)
+    """
+    text = F.expr("try_cast(v:paymentAmount AS string)")
+    kind = F.expr("schema_of_variant(v:paymentAmount)")
+    # A number the variant holds as a double was written with an exponent or too many digits:
+    # show it as sent, not as the double.
+    sent = F.when(kind == "DOUBLE", F.regexp_extract(value, r'"paymentAmount"\s*:\s*([-+0-9.eE]+)', 1)).otherwise(text)
+    plain = text.rlike(PLAIN_DECIMAL) & (kind != "DOUBLE")
+    exact = text.try_cast("decimal(38, 10)")
+    numeric = text.try_cast("double").isNotNull()
+    checks = [
+        (
+            text.isNotNull() & ~plain,
+            F.when(numeric, F.concat(F.lit("paymentAmount must be a plain decimal number (no exponent, at most 38 digits): '"), sent, F.lit("'")))
+            .otherwise(F.concat(F.lit("paymentAmount is not a number: '"), sent, F.lit("'"))),
+        ),
+        (plain & (exact < 0), F.concat(F.lit("negative paymentAmount "), text)),
+        (plain & (exact.isNull() | (exact > MAX_AMOUNT)), F.concat(F.lit(f"paymentAmount above {MAX_AMOUNT:,}: "), text)),
+        (plain & ~text.rlike(CENTS), F.concat(F.lit("paymentAmount has more than 2 decimal places: "), text)),
+    ]
+    amount = F.when(plain & text.rlike(CENTS), text.try_cast(schema.MONEY))
+    return amount, checks
+
+
+def parse(bronze: DataFrame) -> DataFrame:
+    """Bronze rows -> typed columns plus ``reasons``: an array of every check the row failed.
+
+    A line that is not one strict JSON object (or not UTF-8) gets only that cause as its reason.
+    """
+    allowed_types = payment_types()
+    parsed = bronze.withColumn("j", F.from_json("value", schema.RAW_SCHEMA, JSON_OPTIONS)).withColumn(
+        "v", F.expr("try_parse_json(value)")
+    )
     event_time_text = _text("eventTime")
-    amount_text = _text("paymentAmount")
-    amount_exact = F.expr("try_cast(j.paymentAmount AS decimal(38, 10))")
-    amount = F.expr("try_cast(j.paymentAmount AS decimal(18, 2))")
-    event_time = F.when(
-        event_time_text.rlike(r"^-?[0-9]{1,15}$"), F.timestamp_millis(event_time_text.cast("long"))
-    ).otherwise(F.expr("try_cast(j.eventTime AS timestamp)"))
+    epoch = event_time_text.rlike(EPOCH_MS)
+    event_time = F.when(epoch, F.timestamp_millis(event_time_text.cast("long"))).when(
+        event_time_text.rlike(ISO_DATE_TIME), F.expr("try_cast(j.eventTime AS timestamp)")
+    )
+    amount, amount_checks = _amount_checks(F.col("value"))
+    not_utf8 = F.col("value_bytes").isNotNull()
     blank = F.trim(F.col("value")) == ""
     malformed = F.col("j").isNull() | _text("_corrupt_record").isNotNull()
-    checks: list[tuple[Column, Column]] = [
+    # Spark's reader keeps the last of two equal keys; the variant parser refuses them.
+    duplicate_key = F.col("v").isNull()
+    trailing = ~_one_object(F.col("value"), F.col("v"))
+    causes: list[tuple[Column, Column]] = [
+        (not_utf8, F.lit("not valid UTF-8 (bronze keeps the line's bytes in value_bytes)")),
         (blank, F.lit("blank line")),
-        (~blank & malformed, F.lit("malformed JSON (not a JSON object on one line)")),
+        (malformed, F.lit("malformed JSON (not a JSON object on one line)")),
+        (duplicate_key, F.lit("duplicate key in the JSON object (each field may appear once)")),
+        (trailing, F.lit("trailing content after the JSON object (one object per line)")),
+    ]
+    checks: list[tuple[Column, Column]] = [
         (F.coalesce(F.trim(_text("transactionId")), F.lit("")) == "", F.lit("missing transactionId")),
-        (event_time_text.isNull(), F.lit("missing eventTime")),
-        (
-            event_time_text.isNotNull() & event_time.isNull(),
-            F.concat(F.lit("unparsable eventTime '"), event_time_text, F.lit("' (expected epoch ms or ISO-8601)")),
-        ),
-        (
-            amount_text.isNotNull() & amount_exact.isNull(),
-            F.concat(F.lit("paymentAmount is not a number: '"), amount_text, F.lit("'")),
-        ),
-        (amount_exact < 0, F.concat(F.lit("negative paymentAmount "), amount_text)),
-        (amount_exact > MAX_AMOUNT, F.concat(F.lit(f"paymentAmount above {MAX_AMOUNT:,}: "), amount_text)),
-        (
-            (amount_exact <= MAX_AMOUNT) & (amount_exact != amount),
-            F.concat(F.lit("paymentAmount has more than 2 decimal places: "), amount_text),
-        ),
-        (
-            event_time > F.col("ingest_time") + F.expr(f"INTERVAL {FUTURE_TOLERANCE_HOURS} HOURS"),
-            F.concat(F.lit("eventTime '"), event_time_text, F.lit(f"' is more than {FUTURE_TOLERANCE_HOURS}h after its ingest time")),
-        ),
+        *_event_time_checks(event_time_text, event_time, epoch),
+        *amount_checks,
         (
             _text("paymentType").isNotNull() & ~_text("paymentType").isin(*allowed_types),
             F.concat(F.lit("unknown paymentType '"), _text("paymentType"), F.lit(f"' (allowed: {', '.join(allowed_types)})")),
         ),
         *_wrong_types(),
     ]
-    reasons = F.filter(F.array(*[F.when(cond, msg) for cond, msg in checks]), lambda r: r.isNotNull())
+    failed = [F.when(cond, msg) for cond, msg in causes + checks]
+    reasons = F.filter(F.array(*failed), lambda r: r.isNotNull())
+    # A line that is not one JSON object fails every check that reads a field; report only the cause.
+    cause = F.coalesce(*[F.when(cond, msg) for cond, msg in causes])
+    reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(reasons)
     typed = [
         F.trim(_text("transactionId")).alias("transaction_id"),
         event_time.alias("event_time"),
         amount.alias("payment_amount"),
         *[_text(f).alias(c) for f, c in schema.FIELD_COLUMNS.items() if c not in ("transaction_id", "payment_amount")],
     ]
-    # A malformed line fails every check that reads a field; report only the cause.
-    reasons = F.when(blank | malformed, F.slice(reasons, 1, 1)).otherwise(reasons)
     return parsed.select("value", "source_file", "ingest_time", "ingest_seq", *typed, reasons.alias("reasons"))
 
 
@@ -196,6 +282,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         "rows_out": accepted,
         "quarantined": quarantined,
         "duplicates": duplicates,
+        "rows_written": {lakehouse.name_of(path): counts.get(name, 0) for name, path, _, _ in tables},
     }
 
 

@@ -12,7 +12,7 @@ import signal
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 
 def _sql_string(text: str) -> str:
@@ -50,6 +50,11 @@ def ensure_table(
         f"CREATE TABLE IF NOT EXISTS {table_ref(path)} ({_ddl(schema)}) USING delta{comment_sql} "
         f"TBLPROPERTIES ({tbl_props})"
     )
+    # A table made by an earlier release lacks the columns added since: add them (null for old rows).
+    existing = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in schema.fields if f.name not in existing]
+    if missing:
+        spark.sql(f"ALTER TABLE {table_ref(path)} ADD COLUMNS ({_ddl(StructType([StructField(f.name, f.dataType, True, f.metadata) for f in missing]))})")
 
 
 # Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.

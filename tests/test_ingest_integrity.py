@@ -1,0 +1,175 @@
+"""Ingest integrity through the real pipeline: no landed line lost or misread, no event can blind detection.
+
+Each case here ran "ok" before and lost or distorted data: a future-dated event pushed the watermark
+a day ahead, files in subfolders were skipped (or failed the read), a file appended to after it was
+read and a file gone before it was read were silently short, and invalid UTF-8 merged different keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rulewatch import bronze
+from rulewatch.gold import GoldSettings
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.landing import LandingError, audit, check_landing
+from rulewatch.pipeline import ensure_all_tables, run_all
+
+RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
+        "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": 20, "windowMinutes": 60}  # fmt: skip
+T0 = datetime(2026, 11, 1, 10, tzinfo=timezone.utc)
+
+
+def _payment(txn: str, when: datetime, payee: str = "payee-A", amount: object = 15) -> str:
+    return json.dumps({"transactionId": txn, "eventTime": int(when.timestamp() * 1000), "payeeId": payee,
+                       "beneficiaryId": "ben-1", "paymentAmount": amount, "paymentType": "CSH"})  # fmt: skip
+
+
+def _run(spark, lakehouse: Lakehouse, landing: Path, rules: Path):
+    _, summary = run_all(spark, lakehouse, str(landing), str(rules), log=lambda _: None)
+    return summary
+
+
+def _alerts(spark, lakehouse: Lakehouse) -> set[str]:
+    return {r.transaction_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}
+
+
+@pytest.fixture
+def rules(tmp_path) -> Path:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([RULE]))
+    return path
+
+
+@pytest.mark.parametrize("future", [1, 3])
+def test_future_dated_events_cannot_make_on_time_payments_late(spark, tmp_path, rules, future):
+    """One event (or a small group) 23 h ahead, then on-time payments that break the rule: they must alert."""
+    landing, lakehouse = tmp_path / "landing", Lakehouse(str(tmp_path / "lakehouse"))
+    landing.mkdir()
+    ahead = datetime.now(timezone.utc) + timedelta(hours=23)
+    (landing / "poison.jsonl").write_text("\n".join(_payment(f"future-{i}", ahead, f"payee-F{i}") for i in range(future)) + "\n")
+    first = _run(spark, lakehouse, landing, rules)
+    assert first.quarantined == future and first.silver == 0
+    assert all("is more than 5m after its ingest time" in reason for reason in first.quarantine_reasons)
+    now = datetime.now(timezone.utc)
+    (landing / "on-time.jsonl").write_text(_payment("on-time-1", now) + "\n" + _payment("on-time-2", now + timedelta(seconds=1)) + "\n")
+    second = _run(spark, lakehouse, landing, rules)
+    assert second.late == 0
+    assert _alerts(spark, lakehouse) == {"on-time-2"}  # 15 + 15 > 20
+
+
+def test_the_lateness_may_not_be_below_the_future_tolerance():
+    with pytest.raises(ValueError, match="below silver's future tolerance 5m"):
+        GoldSettings(allowed_lateness="1m")
+    GoldSettings(allowed_lateness="5m")
+
+
+@pytest.fixture(scope="module")
+def layered(spark, tmp_path_factory):
+    """A landing folder in several layouts, with hidden files and invalid UTF-8, run once, then changed and run again."""
+    root = tmp_path_factory.mktemp("layered")
+    landing = root / "landing"
+    files = {
+        "top.jsonl": [_payment("top-1", T0)],
+        "2026/11/01/dated.jsonl": [_payment("dated-1", T0 + timedelta(minutes=1))],
+        "dt=2026-11-01/partitioned.jsonl": [_payment("part-1", T0 + timedelta(minutes=2))],
+        ".in-progress.jsonl": [_payment("hidden-1", T0)],
+        "_tmp/writer.jsonl": [_payment("hidden-2", T0)],
+    }
+    for name, lines in files.items():
+        (landing / name).parent.mkdir(parents=True, exist_ok=True)
+        (landing / name).write_text("\n".join(lines) + "\n")
+    # Three payees that differ only in one byte: two are not UTF-8, the third is U+FFFD itself.
+    utf8 = [_payment(f"utf-{i}", T0 + timedelta(minutes=3 + i), f"p{c}").encode() for i, c in enumerate("\x01\x02\ufffd")]
+    raw = [line.replace(b"p\\u0001", b"p\xff").replace(b"p\\u0002", b"p\xfe").replace(b"p\\ufffd", "p\ufffd".encode()) for line in utf8]
+    (landing / "bytes.jsonl").write_bytes(b"\n".join(raw) + b"\n")
+    (landing / "growing.jsonl").write_text(_payment("grow-1", T0 + timedelta(minutes=10)) + "\n")
+    (landing / "torn.jsonl").write_text(_payment("torn-1", T0 + timedelta(minutes=11)) + "\n" + _payment("torn-2", T0)[:30])
+    rules = root / "rules.json"
+    rules.write_text(json.dumps([RULE]))
+    lakehouse = Lakehouse(str(root / "lakehouse"))
+    first = _run(spark, lakehouse, landing, rules)
+    with open(landing / "growing.jsonl", "a") as f:  # a writer still appending after the read
+        f.write(_payment("grow-2", T0 + timedelta(minutes=12)) + "\n")
+    with open(landing / "torn.jsonl", "a") as f:  # the torn last line completed later
+        f.write(_payment("torn-2", T0)[30:] + "\n")
+    second = _run(spark, lakehouse, landing, rules)
+    return lakehouse, landing, raw, first, second
+
+
+def test_every_layout_of_the_landing_folder_is_read(spark, layered):
+    lakehouse, landing, _, first, _ = layered
+    sources = {r.source_file.split("/landing/")[1] for r in spark.read.format("delta").load(lakehouse.bronze_transactions).collect()}
+    assert sources == {"top.jsonl", "2026/11/01/dated.jsonl", "dt=2026-11-01/partitioned.jsonl", "bytes.jsonl",
+                       "growing.jsonl", "torn.jsonl"}  # fmt: skip
+    assert first.bronze == 1 + 1 + 1 + 3 + 1 + 2
+    assert first.landing.ignored == [str(landing / ".in-progress.jsonl"), str(landing / "_tmp/writer.jsonl")]
+    assert first.landing.problems == [] and first.ok
+
+
+def test_invalid_utf8_never_merges_keys_and_bronze_keeps_the_bytes(spark, layered):
+    lakehouse, _, raw, first, _ = layered
+    assert first.quarantine_reasons["not valid UTF-8 (bronze keeps the line's bytes in value_bytes)"] == 2
+    silver = spark.read.format("delta").load(lakehouse.silver_transactions).where("transaction_id LIKE 'utf-%'").collect()
+    assert [(r.transaction_id, r.payee_id) for r in silver] == [("utf-2", "p\ufffd")]
+    assert not {"utf-0", "utf-1", "utf-2"} & _alerts(spark, lakehouse)  # merged, 15 + 15 + 15 would alert
+    # Any Parquet reader opens bronze: the text column is valid UTF-8, the bytes are exact.
+    rows = [r for f in Path(lakehouse.bronze_transactions).glob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    kept = {r["value_bytes"] for r in rows if r["value_bytes"] is not None}
+    assert kept == {raw[0], raw[1]}
+
+
+def test_a_file_changed_after_it_was_read_is_reported_by_name(layered):
+    _, landing, _, _, second = layered
+    assert not second.ok and second.balanced
+    assert [p.split(" ")[0] for p in second.landing.problems] == [str(landing / "growing.jsonl"), str(landing / "torn.jsonl")]
+    assert all("changed after it was read" in p for p in second.landing.problems)
+    assert any("NO (2 file(s) above)" in line for line in second.lines())
+
+
+def test_a_file_listed_but_gone_before_it_was_read_is_reported(spark, tmp_path):
+    """The file source lists three files, reads one per batch; the third is deleted before its batch runs."""
+    landing, lakehouse = tmp_path / "landing", Lakehouse(str(tmp_path / "lakehouse"))
+    landing.mkdir()
+    for i in range(3):
+        (landing / f"f{i}.jsonl").write_text(_payment(f"t{i}", T0 + timedelta(minutes=i)) + "\n")
+    ensure_all_tables(spark, lakehouse)
+
+    def write(batch, batch_id):
+        if batch_id == 0:
+            (landing / "f2.jsonl").unlink()
+        bronze.write_batch(batch, batch_id, lakehouse)
+
+    started = time.time()
+    query = (
+        bronze.read_landing(spark, str(landing), max_files_per_trigger=1)
+        .writeStream.option("checkpointLocation", lakehouse.checkpoint("bronze"))
+        .foreachBatch(write)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    report = audit(spark, lakehouse, str(landing), "bronze", started)
+    assert report.problems == [f"{landing / 'f2.jsonl'} was listed but gone before it was read: its lines never reached bronze"]
+
+
+def test_a_landing_folder_that_holds_the_lakehouse_or_is_not_the_one_ingested_is_refused(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    with pytest.raises(LandingError, match="is inside the landing folder"):
+        check_landing(Lakehouse(str(landing / "lakehouse")), str(landing))
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    check_landing(lakehouse, str(landing))
+    moved = tmp_path / "lakehouse" / "landing"
+    os.rename(landing, moved)
+    with pytest.raises(LandingError, match=f"ingests the landing folder {landing}, not {moved}"):
+        check_landing(lakehouse, str(moved))
+    with pytest.raises(LandingError, match="is not a folder"):
+        check_landing(lakehouse, str(tmp_path / "rules.json"))
