@@ -244,3 +244,42 @@ def test_committed_batches_survive_delta_log_checkpoints_and_cleanup(spark, tmp_
 def test_live_mode_refuses_a_lakehouse_the_job_ingested(copy):
     with pytest.raises(CheckpointError, match="ingested by the batch job"):
         check_queries(copy, "ingest")
+
+
+def _newest_commit_after_checkpoint(table: str) -> Path:
+    """The newest commit file of a Delta table, if no log checkpoint covers it (else the test has nothing to lose)."""
+    log = Path(table, "_delta_log")
+    newest = max(log.glob("*.json"))
+    covered = json.loads((log / "_last_checkpoint").read_text())["version"] if (log / "_last_checkpoint").exists() else -1
+    assert int(newest.name.split(".")[0]) > covered
+    return newest
+
+
+@pytest.mark.parametrize("table", ["alerts", "silver_quarantine", "pipeline_metrics"])
+def test_a_lost_newest_commit_is_found_before_more_is_written(spark, copy, table):
+    """The newest commit of a table removed by hand: its rows would vanish while the checkpoint never replays them."""
+    _newest_commit_after_checkpoint(getattr(copy, table)).unlink()
+    with pytest.raises(CheckpointError) as err:
+        check_queries(copy, "bronze", "silver", "gold")
+    message = str(err.value)
+    assert ("lost rows" in message and getattr(copy, table) in message) or (
+        table == "pipeline_metrics" and "commits of that table are lost" in message
+    )
+    assert "docs/reliability.md" in message
+
+
+def test_a_lost_middle_commit_is_found(copy):
+    log = Path(copy.silver_transactions, "_delta_log")
+    middle = sorted(log.glob("*.json"))[1]
+    middle.unlink()
+    with pytest.raises(CheckpointError, match=f"{copy.silver_transactions} is missing commit 1 .*{middle.name}"):
+        check_queries(copy, "silver")
+
+
+def test_a_deleted_state_folder_is_refused(spark, copy):
+    shutil.rmtree(Path(copy.checkpoint("gold"), "state", "0", "1"))
+    with pytest.raises(CheckpointError, match=r"state .*partitions \[1\]\) is gone"):
+        run_gold(spark, copy, log=lambda _: None)
+    shutil.rmtree(Path(copy.checkpoint("gold"), "state"))
+    with pytest.raises(CheckpointError, match="is gone: the evaluator would start without the windows"):
+        check_queries(copy, "gold")
