@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -9,7 +10,9 @@ import time
 import pytest
 
 from conftest import FIXTURES, ROOT
-from rulewatch.lakehouse import Lakehouse, LakehouseBusy, exclusive
+from rulewatch import jobs
+from rulewatch.cli import main
+from rulewatch.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
 
 
 def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_path):
@@ -35,3 +38,151 @@ def test_the_lock_is_released_after_a_run(tmp_path):
                 pass
     with exclusive(lakehouse):  # free again
         pass
+
+
+def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # the repository's bundle
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ran: list[str] = []
+
+    def task_checking_the_lock(task, params, cwd):  # instead of a notebook
+        with pytest.raises(LakehouseBusy):
+            with exclusive(lakehouse):
+                pass
+        ran.append(task.key)
+        return None, None
+
+    monkeypatch.setattr(jobs, "_execute_notebook", task_checking_the_lock)
+    job_run = ["job", "run", "--target", "local", "--lakehouse", lakehouse.root]
+    with exclusive(lakehouse):
+        started = time.monotonic()
+        assert main(job_run) == 2
+        assert time.monotonic() - started < 10
+    assert ran == []
+    err = capsys.readouterr().err
+    assert f"rulewatch: lakehouse {lakehouse.root} is in use by pid {os.getpid()}" in err and "Traceback" not in err
+
+    assert main(job_run) == 0
+    assert ran == ["setup", "bronze", "silver", "gold"]
+    with exclusive(lakehouse):  # released when the job ends
+        pass
+
+
+# ------------------------------------------------------------- clear errors before anything starts
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str]:
+    """Exit code and stderr of ``rulewatch ARGV``, whether the parser or the command ends it."""
+    try:
+        code = main(argv)
+    except SystemExit as end:
+        code = end.code
+    return code, capsys.readouterr().err
+
+
+def commands(lakehouse: str) -> dict[str, list[str]]:
+    return {
+        "run": ["run", "--lakehouse", lakehouse, "--transactions", str(FIXTURES / "transactions")],
+        "stream": ["stream", "--lakehouse", lakehouse],
+        "demo": ["demo", "--lakehouse", lakehouse],
+        "bench": ["bench"],
+    }
+
+
+BAD_SHARDS = {
+    "0": "shards must be between 1 and 4096, got 0",
+    "-1": "shards must be between 1 and 4096, got -1",
+    "5000": "shards must be between 1 and 4096, got 5000",
+    "abc": "shards must be a whole number such as 16, got 'abc'",
+}
+BAD_LATENESS = {value: f"bad duration {value!r}; expected a positive integer followed by ms, s, m, h or d" for value in ("soon", "-1h", "")}
+
+
+@pytest.mark.parametrize("command", ["run", "stream", "demo", "bench"])
+@pytest.mark.parametrize(("value", "message"), BAD_SHARDS.items(), ids=BAD_SHARDS.keys())
+def test_bad_shards_are_reported_by_the_parser(tmp_path, capsys, command, value, message):
+    code, err = cli([*commands(str(tmp_path / "lakehouse"))[command], f"--shards={value}"], capsys)
+    assert code == 2
+    assert f"error: argument --shards: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "lakehouse").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "stream", "demo"])
+@pytest.mark.parametrize(("value", "message"), BAD_LATENESS.items(), ids=["soon", "-1h", "empty"])
+def test_a_bad_allowed_lateness_is_reported_by_the_parser(tmp_path, capsys, command, value, message):
+    code, err = cli([*commands(str(tmp_path / "lakehouse"))[command], f"--allowed-lateness={value}"], capsys)
+    assert code == 2
+    assert f"error: argument --allowed-lateness: {message}" in err and "Traceback" not in err
+    assert not (tmp_path / "lakehouse").exists()
+
+
+@pytest.fixture
+def no_notebooks(monkeypatch):
+    """A job run that got past its checks would run the real notebooks: fail the test instead."""
+    monkeypatch.setattr(jobs, "_execute_notebook", lambda *_: pytest.fail("a task ran"))
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.parametrize("command", ["run", "stream", "demo", "job run"])
+def test_a_lakehouse_that_is_a_file_is_named_with_the_fix(tmp_path, capsys, no_notebooks, command):
+    path = tmp_path / "lakehouse"
+    path.write_text("not a folder")
+    argv = ["job", "run", "--lakehouse", str(path)] if command == "job run" else commands(str(path))[command]
+    code, err = cli(argv, capsys)
+    assert code == 2
+    assert err == f"rulewatch: lakehouse {path} is a file, not a folder; pass --lakehouse a folder (it is created if missing)\n"
+
+
+def test_a_lakehouse_below_a_file_is_named_with_the_fix(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "lakehouse"
+    code, err = cli(commands(str(path))["run"], capsys)
+    assert code == 2
+    assert err == (
+        f"rulewatch: lakehouse {path} cannot be written (Not a directory: {path}); "
+        "pass --lakehouse a folder on a writable file system that this user may write to\n"
+    )
+
+
+def test_debug_shows_the_traceback_instead(tmp_path):
+    path = tmp_path / "lakehouse"
+    path.write_text("not a folder")
+    with pytest.raises(LakehouseUnwritable, match="is a file, not a folder") as caught:
+        main(["--debug", *commands(str(path))["run"]])
+    assert isinstance(caught.value.__cause__, FileExistsError)
+
+
+NO_READ_ONLY_MOUNT = 97
+
+
+def test_a_read_only_lakehouse_is_named_with_the_fix(tmp_path):
+    """A real read-only file system (root writes through permission bits): a read-only bind mount of
+    the lakehouse folder in a private mount namespace, which only the command inside it sees."""
+    lakehouse = tmp_path / "lakehouse"
+    lakehouse.mkdir()
+    script = (
+        f'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit {NO_READ_ONLY_MOUNT}; '
+        'exec "$2" -m rulewatch.cli run --lakehouse "$1" --transactions "$3"'
+    )
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(lakehouse), sys.executable, str(FIXTURES / "transactions")]
+    try:
+        result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if result.returncode == NO_READ_ONLY_MOUNT or "unshare: " in result.stderr:
+        pytest.skip(f"cannot make a read-only bind mount here (needs root): {result.stderr.strip()}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"rulewatch: lakehouse {lakehouse} cannot be written (Read-only file system: {lakehouse}/_lock); "
+        "pass --lakehouse a folder on a writable file system that this user may write to\n"
+    )
+    assert list(lakehouse.iterdir()) == []
+
+
+def test_transactions_that_are_a_file_are_refused_before_spark(tmp_path, capsys):
+    landing = tmp_path / "transactions.jsonl"
+    landing.write_text("")
+    code, err = cli(["run", "--lakehouse", str(tmp_path / "lakehouse"), "--transactions", str(landing)], capsys)
+    assert code == 2
+    assert err == f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it\n"
+    assert not (tmp_path / "lakehouse").exists()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rulewatch.rules import (
     DURATION_FORMS,
     EVENT_FIELDS,
+    MAX_RULE_ID,
     NUMERIC_FIELDS,
     Aggregator,
     Operator,
@@ -187,6 +188,20 @@ def test_bad_rule_id_has_no_rule_id(bad_id: Any) -> None:
     assert "allowed: a positive integer" in str(error)
 
 
+@pytest.mark.parametrize("bad_id", [2**31, -(2**31) - 1, 10**20])
+def test_rule_id_beyond_the_tables_int_column_is_rejected_with_the_range(bad_id: int) -> None:
+    error = rule_error(ruleId=bad_id)
+    assert (error.rule_id, error.field) == (None, "ruleId")
+    assert str(error) == f"field 'ruleId' has {bad_id}; allowed: a positive integer between 1 and 2147483647 (config/rules stores ruleId as int)"
+    with pytest.raises(RuleSetError, match=r"item 2: field 'ruleId' has .*between 1 and 2147483647"):
+        parse_rules([rule_json(ruleId=1), rule_json(ruleId=bad_id)])
+
+
+def test_the_largest_int_is_a_valid_rule_id() -> None:
+    assert MAX_RULE_ID == 2**31 - 1  # Spark's IntegerType.MaxValue
+    assert parse_rule(rule_json(ruleId=MAX_RULE_ID)).rule_id == MAX_RULE_ID
+
+
 @pytest.mark.parametrize("minutes", [-5, 1.5, True, "60"])
 def test_window_minutes_must_be_a_positive_integer(minutes: Any) -> None:
     assert rule_error(window=DROP, windowMinutes=minutes).field == "windowMinutes"
@@ -324,7 +339,7 @@ def valid_rules(draw: st.DrawFn) -> Rule:
     bucket_ms = draw(st.integers(0, 10**9))
     window_ms = bucket_ms * draw(st.integers(2, 1000)) if bucket_ms else draw(st.integers(1, 10**13))
     return Rule(
-        rule_id=draw(st.integers(1, 2**63)),
+        rule_id=draw(st.integers(1, MAX_RULE_ID)),
         state=draw(st.sampled_from(RuleState)),
         grouping_keys=tuple(draw(st.lists(st.sampled_from(list(EVENT_FIELDS)), min_size=1, unique=True))),
         aggregate_field=draw(st.sampled_from(sorted(NUMERIC_FIELDS) if numeric_only else list(EVENT_FIELDS))),

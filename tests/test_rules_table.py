@@ -316,3 +316,161 @@ def test_rules_cli(spark, tmp_path, capsys):
     assert "rule 4" in lines[6] and "deleted" in lines[6]
     assert rules_cli("rules", "history", "--lakehouse", lh, "--last", "1") == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+# ------------------------------------------------------------------------------- ingest integrity
+
+
+def test_a_rule_id_beyond_the_int_column_is_refused_before_any_write(spark, tmp_path, capsys):
+    lh = Lakehouse(str(tmp_path / "lh"))
+    largest = write_rules(tmp_path / "largest.json", [{**FIXTURE_RULES[0], "ruleId": 2**31 - 1}])
+    assert rules_cli("rules", "apply", largest, "--lakehouse", lh.root) == 0
+    v = version(spark, lh.rules)
+    capsys.readouterr()
+    for bad_id in (2**31, -(2**31) - 1, 10**20):
+        bad = write_rules(tmp_path / "bad.json", [FIXTURE_RULES[1], {**FIXTURE_RULES[0], "ruleId": bad_id}])
+        assert rules_cli("rules", "apply", bad, "--lakehouse", lh.root) == 2
+        err = capsys.readouterr().err
+        assert f"item 2: field 'ruleId' has {bad_id}; allowed: a positive integer between 1 and 2147483647" in err
+        assert "nothing was written" in err
+        with pytest.raises(RuleSetError, match="between 1 and 2147483647"):
+            apply_rules_file(spark, lh, bad)
+    assert version(spark, lh.rules) == v
+    assert list(table_rules(spark, lh)) == [2**31 - 1]
+
+
+def _concurrent_apply(spark, lh: Lakehouse, tmp_path: Path) -> None:
+    apply_rules_file(spark, lh, write_rules(tmp_path / "other.json", edited(r1={"limit": 1500})), updated_by="other")
+
+
+# What another writer commits between this apply's read of config/rules and its MERGE. The apply
+# under test updates rule 1, leaves 2 and 3 as they are, deletes 4 and adds 5: each edit below
+# touches one of those, and a MERGE on top of it would silently undo it or leave it in place.
+CONCURRENT_EDITS = {
+    "another apply of rule 1": _concurrent_apply,
+    "SQL update of a rule left unchanged": lambda spark, lh, _: spark.sql(f"UPDATE {table_ref(lh.rules)} SET description = 'x' WHERE ruleId = 2"),
+    "SQL insert of the rule being added": lambda spark, lh, _: spark.sql(f"INSERT INTO {table_ref(lh.rules)} (ruleId, ruleState) VALUES (5, 'PAUSE')"),
+    "SQL delete of the rule being updated": lambda spark, lh, _: spark.sql(f"DELETE FROM {table_ref(lh.rules)} WHERE ruleId = 1"),
+}
+MINE = [*edited(r1={"limit": 1200}, r4={"ruleState": "DELETE"}), {**FIXTURE_RULES[0], "ruleId": 5}]
+
+
+@pytest.mark.parametrize("edit", CONCURRENT_EDITS.values(), ids=CONCURRENT_EDITS.keys())
+def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, tmp_path, monkeypatch, capsys, edit):
+    from rulewatch import rules_table
+    from rulewatch.cli import main
+
+    lh = Lakehouse(str(tmp_path / "lh"))
+    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    read = rules_table._current_rules
+    after_edit = {}
+
+    def read_then_another_writer_commits(spark, lakehouse):
+        seen = read(spark, lakehouse)
+        monkeypatch.setattr(rules_table, "_current_rules", read)  # the other writer reads as usual
+        edit(spark, lh, tmp_path)
+        after_edit.update(version=version(spark, lh.rules), rules=table_rules(spark, lh))
+        return seen
+
+    monkeypatch.setattr(rules_table, "_current_rules", read_then_another_writer_commits)
+    assert main(["rules", "apply", write_rules(tmp_path / "mine.json", MINE), "--lakehouse", lh.root]) == 2
+    assert capsys.readouterr().err == (
+        f"rulewatch: config/rules ({lh.rules}) was changed by another writer while this apply ran; "
+        "nothing of this apply was written; run it again\n"
+    )
+    assert after_edit and version(spark, lh.rules) == after_edit["version"]
+    assert table_rules(spark, lh) == after_edit["rules"]
+    # Run again, it applies on top of the other writer's change.
+    assert main(["rules", "apply", str(tmp_path / "mine.json"), "--lakehouse", lh.root]) == 0
+    assert parse_rules(list(table_rules(spark, lh).values())) == [r for r in parse_rules(MINE) if r.rule_id != 4]
+
+
+def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_path, monkeypatch):
+    """The MERGE is held inside its transaction (a gate in its source) while another writer commits."""
+    import os
+    import threading
+    import time
+
+    from delta import exceptions as delta_errors
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    from rulewatch import rules_table
+    from rulewatch.rules_table import RulesConflict
+
+    lh = Lakehouse(str(tmp_path / "lh"))
+    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
+
+    def gate(_: int) -> bool:  # runs in a Python worker: only the first row waits
+        try:
+            os.close(os.open(entered, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return True
+        deadline = time.monotonic() + 600
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return True
+
+    source = rules_table._merge_source
+    gated = F.udf(lambda rule_id: gate(rule_id), BooleanType())  # a lambda: no type hints for Spark to read a pandas UDF into
+    monkeypatch.setattr(rules_table, "_merge_source", lambda *args: source(*args).where(gated("ruleId")))
+    outcome: list[BaseException] = []
+
+    def apply_mine() -> None:
+        try:
+            apply_rules_file(spark, lh, write_rules(tmp_path / "mine.json", MINE))
+        except BaseException as err:  # handed to the test thread
+            outcome.append(err)
+
+    worker = threading.Thread(target=apply_mine)
+    worker.start()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(entered) and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(entered), outcome
+    spark.sql(f"UPDATE {table_ref(lh.rules)} SET description = 'x' WHERE ruleId = 2")
+    after_edit = (version(spark, lh.rules), table_rules(spark, lh))
+    Path(release).touch()
+    worker.join(600)
+
+    assert len(outcome) == 1 and isinstance(outcome[0], RulesConflict), outcome
+    conflicts = (delta_errors.ConcurrentAppendException, delta_errors.ConcurrentDeleteReadException)
+    assert isinstance(outcome[0].__cause__, conflicts), repr(outcome[0].__cause__)
+    assert (version(spark, lh.rules), table_rules(spark, lh)) == after_edit
+
+
+def test_two_applies_at_once_leave_one_file_whole(spark, tmp_path):
+    import threading
+
+    from rulewatch.rules_table import RulesConflict
+
+    lh = Lakehouse(str(tmp_path / "lh"))
+    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    files = {
+        name: write_rules(tmp_path / f"{name}.json", edited(**{f"r{i}": {"description": name} for i in (1, 2, 3, 4)}))
+        for name in ("a", "b")
+    }
+    start = threading.Barrier(len(files))
+    outcome: dict[str, str] = {}
+
+    def apply(name: str) -> None:
+        start.wait()
+        try:
+            apply_rules_file(spark, lh, files[name])
+            outcome[name] = "applied"
+        except RulesConflict:
+            outcome[name] = "conflict"
+        except BaseException as err:  # handed to the test thread
+            outcome[name] = repr(err)
+
+    threads = [threading.Thread(target=apply, args=(name,)) for name in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+
+    assert set(outcome.values()) <= {"applied", "conflict"} and "applied" in outcome.values(), outcome
+    descriptions = {rule["description"] for rule in table_rules(spark, lh).values()}
+    applied = [name for name, result in outcome.items() if result == "applied"]
+    assert descriptions == set(applied) if len(applied) == 1 else len(descriptions) == 1

@@ -6,14 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from rulewatch import arguments
 from rulewatch.checkpoints import CheckpointError
 from rulewatch.jobs import add_cli as add_job_cli
-from rulewatch.lakehouse import LakehouseBusy
+from rulewatch.lakehouse import LakehouseBusy, LakehouseUnwritable
+from rulewatch.landing import LandingError
 from rulewatch.live import add_cli as add_live_cli
 from rulewatch.remote import add_cli as add_remote_cli
 from rulewatch.report import add_cli as add_report_cli
 from rulewatch.rules import RuleSetError
 from rulewatch.rules_cli import add_cli as add_rules_cli
+from rulewatch.rules_table import RulesConflict
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -25,6 +28,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     landing = Path(args.transactions)
     if not landing.exists():
         print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
+        return 2
+    if not landing.is_dir():
+        print(f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
         return 2
     settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness)
     lakehouse = Lakehouse(args.lakehouse)
@@ -41,7 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 f"{row.event_time:%Y-%m-%d %H:%M:%S}  {row.aggregate_value.normalize():f} {row.operator} "
                 f"{row.limit.normalize():f}  ({row.event_count} events)"
             )
-    return 0 if summary.balanced else 1
+    return 0 if summary.ok else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -84,19 +90,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="process everything landed once (bronze -> silver -> gold) and summarise")
     run.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     run.add_argument("--transactions", required=True, help="landing folder of JSON-lines transaction files")
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
-    run.add_argument("--shards", type=int, default=16, help="hash shards of the key evaluated per Python call")
-    run.add_argument("--allowed-lateness", default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call")
+    run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     run.set_defaults(func=_cmd_run)
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
     bench.add_argument("--events", type=int, default=200_000)
     bench.add_argument("--keys", type=int, default=10_000)
     bench.add_argument("--batch-events", type=int, default=50_000)
-    bench.add_argument("--shards", type=int, default=16)
+    bench.add_argument("--shards", type=arguments.shards, default=16)
     bench.add_argument("--limit", type=int, default=12_500, help="the SUM rule's limit (lower: more events alert)")
     bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
     bench.add_argument("--scale-curve", type=int, nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
@@ -110,11 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors that say what is wrong and how to fix it: the message is all the user needs, not a traceback.
+USER_ERRORS = (RuleSetError, RulesConflict, LakehouseBusy, LakehouseUnwritable, LandingError, CheckpointError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RuleSetError, LakehouseBusy, CheckpointError) as err:
+    except USER_ERRORS as err:
+        if args.debug:
+            raise
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 
 import yaml
 
+from rulewatch.lakehouse import Lakehouse, exclusive
 from rulewatch.widgets import widget_env
 
 Log = Callable[[str], None]
@@ -358,7 +359,9 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         overrides = {k: v for k, v in defaults.items() if k in job.parameters}
         # An empty value stays empty: --rules "" means "leave config/rules as it is".
         overrides.update({k: os.path.abspath(v) if v else v for k, v in given.items() if v is not None})
-        run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
+        # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
+        with exclusive(Lakehouse(args.lakehouse)):
+            run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 1

@@ -107,6 +107,10 @@ _RULE_FIELDS = (
     "reportNewValuesOnly", "bucket", "description",
 )
 
+# config/rules.ruleId (and every rule_id column after it) is a Spark IntegerType: 32-bit signed.
+MAX_RULE_ID = 2**31 - 1
+_ALLOWED_RULE_IDS = f"a positive integer between 1 and {MAX_RULE_ID} (config/rules stores ruleId as int)"
+
 DURATION_FORMS = "a positive integer followed by ms, s, m, h or d (e.g. '250ms', '10s', '3m', '24h', '90d')"
 _UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}  # largest first
 _DURATION = re.compile(r"([1-9][0-9]{0,17})(ms|s|m|h|d)")
@@ -270,10 +274,10 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
     if not isinstance(obj, Mapping):
         raise RuleError(None, "", f"expected a JSON object, got {_show(obj)}")
     if "ruleId" not in obj:
-        raise RuleError(None, "ruleId", "is missing; allowed: a positive integer")
+        raise RuleError(None, "ruleId", f"is missing; allowed: {_ALLOWED_RULE_IDS}")
     rule_id = obj["ruleId"]
-    if not _is_int(rule_id) or rule_id <= 0:
-        raise RuleError(None, "ruleId", f"has {_show(rule_id)}; allowed: a positive integer")
+    if not _is_int(rule_id) or not 0 < rule_id <= MAX_RULE_ID:
+        raise RuleError(None, "ruleId", f"has {_show(rule_id)}; allowed: {_ALLOWED_RULE_IDS}")
 
     def fail(field: str, reason: str) -> RuleError:
         return RuleError(rule_id, field, reason)

@@ -15,16 +15,19 @@ import getpass
 import json
 import os
 import re
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from typing import Any
 
+import delta.exceptions as delta_errors
 from delta.tables import DeltaTable
+from pyspark.errors import SparkRuntimeException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import BooleanType, StructField, StructType
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from rulewatch import schema
 from rulewatch.lakehouse import Lakehouse
@@ -170,6 +173,59 @@ def _check_storable(rules: list[Rule]) -> None:
         raise RuleSetError(errors, [""] * len(errors))
 
 
+class RulesConflict(RuntimeError):
+    """Another writer changed ``config/rules`` while an apply ran; the apply wrote nothing."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"config/rules ({path}) was changed by another writer while this apply ran; "
+            "nothing of this apply was written; run it again"
+        )
+
+
+# Delta's optimistic concurrency failures; in Python they share no base class of their own.
+_DELTA_CONFLICTS = (
+    delta_errors.DeltaConcurrentModificationException,
+    delta_errors.ConcurrentWriteException,
+    delta_errors.MetadataChangedException,
+    delta_errors.ProtocolChangedException,
+    delta_errors.ConcurrentAppendException,
+    delta_errors.ConcurrentDeleteReadException,
+    delta_errors.ConcurrentDeleteDeleteException,
+    delta_errors.ConcurrentTransactionException,
+)
+# Raised by the MERGE itself when a rule it touches is no longer the row apply read (see _merge).
+_STALE_READ = "rulewatch: config/rules changed since apply read it"
+
+
+def _row_json(alias: str) -> str:
+    """SQL for a whole config/rules row as JSON text: the same text means the row was not rewritten."""
+    return "to_json(struct(" + ", ".join(f"{alias}.`{c}`" for c in schema.RULES.fieldNames()) + "))"
+
+
+def _current_rules(spark: SparkSession, lakehouse: Lakehouse) -> dict[int, tuple[dict[str, Any], str]]:
+    """ruleId -> (the stored row as rule JSON, the row as _merge's guard sees it)."""
+    columns = ", ".join(f"t.`{c}`" for c in schema.RULE_FIELDS)
+    rows = spark.sql(f"SELECT {columns}, {_row_json('t')} AS seen FROM {table_ref(lakehouse.rules)} t").collect()
+    return {row["ruleId"]: (row_to_rule_json(row.asDict(recursive=True)), row["seen"]) for row in rows}
+
+
+def _change(rule: Rule, old: dict[str, Any] | None) -> RuleChange:
+    if rule.state is RuleState.DELETE:
+        return RuleChange(rule.rule_id, "deleted") if old is not None else RuleChange(rule.rule_id, "unchanged", "not in the table")
+    if old is None:
+        return RuleChange(rule.rule_id, "added")
+    if _stored_rule(old) == rule:
+        return RuleChange(rule.rule_id, "unchanged")
+    return RuleChange(rule.rule_id, "updated", field_diff(old, row_to_rule_json(rule_row(rule))) or "stored row was not a valid rule")
+
+
+def _source_row(rule: Rule, change: RuleChange, seen: str | None) -> dict[str, Any]:
+    upsert = change.action in ("added", "updated")
+    body = rule_row(rule) if upsert else {"ruleId": rule.rule_id}
+    return {**body, "_delete": change.action == "deleted", "_upsert": upsert, "_seen": seen}
+
+
 def apply_rules(spark: SparkSession, lakehouse: Lakehouse, rules: list[Rule], updated_by: str | None = None) -> list[RuleChange]:
     """MERGE ``rules`` into ``config/rules``: insert new, update changed, delete ``ruleState: DELETE``.
 
@@ -177,50 +233,56 @@ def apply_rules(spark: SparkSession, lakehouse: Lakehouse, rules: list[Rule], up
     ``window: "1h"`` are the same rule), so re-applying a file, or applying an export, adds no
     commit and the evaluator sees no spurious change. A stored row that is not a valid rule (an
     analyst's SQL edit) is always overwritten. Nothing is written if any rule cannot be stored.
+
+    The changes are worked out from one read of the table and written by one MERGE; if another
+    writer changed any rule of ``rules`` in between, or commits while the MERGE runs, the MERGE
+    writes nothing and RulesConflict is raised. The first apply on a lakehouse also creates the
+    (empty) table, in a commit of its own that stays even then.
     """
     _check_storable(rules)
-    ensure_rules_table(spark, lakehouse)
-    current = {
-        row["ruleId"]: row_to_rule_json(row.asDict(recursive=True))
-        for row in spark.read.format("delta").load(lakehouse.rules).select(*schema.RULE_FIELDS).collect()
-    }
-    changes: list[RuleChange] = []
-    upserts: list[dict[str, Any]] = []
-    deletes: list[int] = []
-    for rule in rules:
-        row = rule_row(rule)
-        old = current.get(rule.rule_id)
-        if rule.state is RuleState.DELETE:
-            if old is not None:
-                deletes.append(rule.rule_id)
-                changes.append(RuleChange(rule.rule_id, "deleted"))
-            else:
-                changes.append(RuleChange(rule.rule_id, "unchanged", "not in the table"))
-            continue
-        if old is None:
-            changes.append(RuleChange(rule.rule_id, "added"))
-            upserts.append(row)
-        elif _stored_rule(old) == rule:
-            changes.append(RuleChange(rule.rule_id, "unchanged"))
-        else:
-            detail = field_diff(old, row_to_rule_json(row)) or "stored row was not a valid rule"
-            changes.append(RuleChange(rule.rule_id, "updated", detail))
-            upserts.append(row)
-    if upserts or deletes:
-        _merge(spark, lakehouse, upserts, deletes, updated_by or getpass.getuser())
+    try:
+        ensure_rules_table(spark, lakehouse)
+        current = _current_rules(spark, lakehouse)
+        changes: list[RuleChange] = []
+        source: list[dict[str, Any]] = []
+        for rule in rules:
+            old, seen = current.get(rule.rule_id, (None, None))
+            changes.append(_change(rule, old))
+            source.append(_source_row(rule, changes[-1], seen))
+        if any(change.action != "unchanged" for change in changes):
+            _merge(spark, lakehouse, source, updated_by or getpass.getuser())
+    except _DELTA_CONFLICTS as err:
+        raise RulesConflict(lakehouse.rules) from err
+    except SparkRuntimeException as err:  # raise_error's USER_RAISED_EXCEPTION: ours only if it carries our text
+        if _STALE_READ not in str(err):
+            raise
+        raise RulesConflict(lakehouse.rules) from err
     return changes
 
 
-def _merge(spark: SparkSession, lakehouse: Lakehouse, upserts: list[dict[str, Any]], deletes: list[int], who: str) -> None:
-    source = spark.createDataFrame(
-        [{**row, "_delete": False} for row in upserts] + [{"ruleId": rid, "_delete": True} for rid in deletes],
-        StructType([*schema.RULES.fields, StructField("_delete", BooleanType())]),
-    ).withColumns({"updated_at": F.current_timestamp(), "updated_by": F.lit(who)})
-    view = "rulewatch_rules_source"
-    source.createOrReplaceTempView(view)
+def _merge_source(spark: SparkSession, source_rows: list[dict[str, Any]], who: str) -> DataFrame:
+    """Every rule of the file as a config/rules row plus what apply decided (``_delete``, ``_upsert``) and saw (``_seen``)."""
+    flags = [StructField("_delete", BooleanType()), StructField("_upsert", BooleanType()), StructField("_seen", StringType())]
+    return spark.createDataFrame(source_rows, StructType([*schema.RULES.fields, *flags])).withColumns(
+        {"updated_at": F.current_timestamp(), "updated_by": F.lit(who)}
+    )
+
+
+def _merge(spark: SparkSession, lakehouse: Lakehouse, source_rows: list[dict[str, Any]], who: str) -> None:
+    """One MERGE of every rule of the file, guarded against what changed since the table was read.
+
+    Every rule's source row carries ``_seen``, its stored row as read (null: absent). A rule whose
+    row differs now, or has appeared or disappeared, aborts the MERGE through ``raise_error``
+    before anything is committed: Delta's own conflict check only covers commits made after the
+    MERGE started, not those between the read and the MERGE.
+    """
+    # A name of its own per call: temp views are per session, and two applies may share one.
+    view = f"rulewatch_rules_source_{uuid.uuid4().hex}"
+    _merge_source(spark, source_rows, who).createOrReplaceTempView(view)
     assignments = ", ".join(f"`{c}` = s.`{c}`" for c in schema.RULES.fieldNames())
     columns = ", ".join(f"`{c}`" for c in schema.RULES.fieldNames())
     values = ", ".join(f"s.`{c}`" for c in schema.RULES.fieldNames())
+    stale = f"raise_error('{_STALE_READ}')"
     # Streaming queries run on a clone of the session, so the tag cannot leak into a running stream.
     previous = spark.conf.get(USER_METADATA_CONF, None)
     try:
@@ -231,9 +293,11 @@ def _merge(spark: SparkSession, lakehouse: Lakehouse, upserts: list[dict[str, An
     try:
         spark.sql(
             f"MERGE INTO {table_ref(lakehouse.rules)} t USING {view} s ON t.ruleId = s.ruleId "
+            f"WHEN MATCHED AND NOT (s._seen <=> {_row_json('t')}) THEN UPDATE SET `updated_by` = {stale} "
             f"WHEN MATCHED AND s._delete THEN DELETE "
-            f"WHEN MATCHED THEN UPDATE SET {assignments} "
-            f"WHEN NOT MATCHED AND NOT s._delete THEN INSERT ({columns}) VALUES ({values})"
+            f"WHEN MATCHED AND s._upsert THEN UPDATE SET {assignments} "
+            f"WHEN NOT MATCHED AND s._seen IS NOT NULL THEN INSERT (`ruleId`) VALUES (CAST({stale} AS INT)) "
+            f"WHEN NOT MATCHED AND s._upsert THEN INSERT ({columns}) VALUES ({values})"
         )
     finally:
         if tagged and previous is None:

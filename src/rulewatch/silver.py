@@ -192,7 +192,8 @@ def parse(bronze: DataFrame) -> DataFrame:
         *_wrong_types(),
     ]
     failed = [F.when(cond, msg) for cond, msg in causes + checks]
-    reasons = F.filter(F.array(*failed), lambda r: r.isNotNull())
+    # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
+    reasons = F.array_except(F.array(*failed), F.array(F.lit(None).cast("string")))
     # A line that is not one JSON object fails every check that reads a field; report only the cause.
     cause = F.coalesce(*[F.when(cond, msg) for cond, msg in causes])
     reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(reasons)
