@@ -12,8 +12,10 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 from datetime import datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -227,3 +229,79 @@ def scale_curve(window_events: list[int], keys: int = 100, batch_events: int = 5
             rows.append(round(np.mean([len(decode_history(b)[0]["eventTime"]) for b in store.values()])))
         points.append(CurvePoint(per_window, timings[0], timings[1], rows[0], rows[1]))
     return points
+
+
+# The issue's benchmark shape: the reference Flink engine was run on exactly these payments.
+PIPELINE_LIMITS = {10_000: 25_000, 1_000_000: 7_000}  # keys -> the SUM rule's limit
+
+
+def land_payments(landing: str, events: int, keys: int, files: int, seed: int = 42) -> None:
+    """``events`` payments, time-ordered over 24 h, as ``files`` JSON-lines files in ``landing``.
+
+    payeeId uniform over ``keys``, beneficiaryId over 1,000, amounts uniform 1.00-5,000.00, 40% CSH.
+    """
+    rng = np.random.default_rng(seed)
+    start = 1_793_500_000_000
+    times = np.sort(rng.integers(start, start + 24 * 3600 * 1000, events))
+    payees = rng.integers(0, keys, events)
+    beneficiaries = rng.integers(0, 1000, events)
+    cents = rng.integers(100, 500_001, events)
+    cash = rng.random(events) < 0.4
+    Path(landing).mkdir(parents=True, exist_ok=True)
+    for n, part in enumerate(np.array_split(np.arange(events), files)):
+        lines = [
+            f'{{"transactionId":"t{i}","eventTime":{times[i]},"payeeId":"p{payees[i]}","beneficiaryId":"b{beneficiaries[i]}",'
+            f'"paymentAmount":{cents[i] // 100}.{cents[i] % 100:02d},"paymentType":"{"CSH" if cash[i] else "CRD"}"}}\n'
+            for i in part
+        ]
+        tmp = Path(landing, f".part-{n:03d}.jsonl")
+        tmp.write_text("".join(lines))
+        tmp.rename(Path(landing, f"part-{n:03d}.jsonl"))  # the landing contract: complete files only
+
+
+@dataclass
+class PipelineResult:
+    layers: list[Measurement]  # bronze, silver, gold, whole job (after start-up)
+    passthrough: Measurement  # landing -> parsed JSON -> shuffled by key, no state, no Delta
+    alerts: int
+
+
+def bench_pipeline(spark: SparkSession, events: int, keys: int, files: int = 10, workdir: str | None = None) -> PipelineResult:
+    """The real job (``rulewatch run``'s functions) over generated landing files, per layer, beside a
+    stateless read-parse-shuffle of the same files measured in the same session."""
+    from rulewatch.pipeline import run_bronze, run_gold, run_silver
+
+    root = workdir or tempfile.mkdtemp(prefix="rulewatch-pipeline-bench-")
+    shutil.rmtree(root, ignore_errors=True)
+    landing = f"{root}/landing"
+    land_payments(landing, events, keys, files)
+    limit = PIPELINE_LIMITS.get(keys, 25_000)
+    # A warm-up on a tiny landing folder pays JVM, Delta and Python worker start-up outside the timings.
+    land_payments(f"{root}/warmup-landing", 1_000, 100, 1)
+    warm = Lakehouse(f"{root}/warmup")
+    apply_rules(spark, warm, parse_rules([{**BENCH_RULES[0], "limit": limit}]))
+    quiet: Callable[[str], None] = lambda _: None  # noqa: E731
+    run_bronze(spark, warm, f"{root}/warmup-landing", quiet)
+    run_silver(spark, warm, quiet)
+    run_gold(spark, warm, log=quiet)
+
+    raw = spark.readStream.format("text").load(landing)
+    parsed = raw.select(F.from_json("value", schema.RAW_SCHEMA).alias("j")).select("j.*")
+    passthrough = _run("stateless pass-through", parsed.repartition("payeeId"), f"{root}/passthrough-checkpoint", events)
+
+    lakehouse = Lakehouse(f"{root}/lakehouse")
+    apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": limit}]))
+    layers = []
+    for name, step in [
+        ("bronze", lambda: run_bronze(spark, lakehouse, landing, quiet)),
+        ("silver", lambda: run_silver(spark, lakehouse, quiet)),
+        ("gold", lambda: run_gold(spark, lakehouse, log=quiet)),
+    ]:
+        started = time.monotonic()
+        step()
+        layers.append(Measurement(name, events, time.monotonic() - started))
+    layers.append(Measurement("whole job", events, sum(m.seconds for m in layers)))
+    alerts = spark.read.format("delta").load(lakehouse.alerts).count()
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return PipelineResult(layers, passthrough, alerts)

@@ -63,6 +63,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {p.window_events:>18,} {p.exact_us:>8.1f}us {p.bucketed_us:>10.1f}us {p.exact_rows:>19,} {p.bucketed_rows:>9,}")
         return 0
     spark = get_spark("rulewatch-bench")
+    if args.pipeline:
+        from rulewatch.bench import bench_pipeline
+
+        print(f"rulewatch bench --pipeline: {args.events:,} payments over 24 h in 10 files, {args.keys:,} payee keys, the real job")
+        result = bench_pipeline(spark, args.events, args.keys)
+        floor = result.passthrough
+        print(f"  {floor.name:<24} {floor.seconds:7.1f}s  {floor.rate:10,.0f} events/s")
+        for m in result.layers:
+            print(f"  {m.name:<24} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor.rate:4.2f}")
+        print(f"  alerts {result.alerts:,}")
+        return 0
     if args.rule_propagation:
         from rulewatch.bench import rule_propagation
 
@@ -107,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=12_500, help="the SUM rule's limit (lower: more events alert)")
     bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
     bench.add_argument("--scale-curve", type=int, nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
+    bench.add_argument("--pipeline", action="store_true", help="instead: the whole job per layer on generated landing files (issue #14's shape)")
     bench.add_argument("--rule-propagation", type=int, metavar="TRIALS", help="instead: time rule changes reaching a running stream")
     bench.set_defaults(func=_cmd_bench)
     add_rules_cli(sub)
