@@ -44,9 +44,9 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> LandingReport:
     """Ingest everything landed once, then reconcile the landing folder with bronze (landing.py)."""
-    check_landing(lakehouse, landing)
     ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
     check_queries(lakehouse, "bronze")
+    check_landing(lakehouse, landing)
     started = time.time()
     _run(start_bronze(spark, landing, lakehouse), "bronze", log)
     report = audit(spark, lakehouse, landing, "bronze", started)
