@@ -75,7 +75,10 @@ def _wrong_types() -> list[tuple[Column, Column]]:
     """Text fields given as an object, array or boolean (numbers are fine as ids: 123 is "123")."""
     # Only text that could be one (from_json hands an object, array or boolean over as its JSON text)
     # pays for the variant's type.
-    suspect = {f: _text(f).substr(1, 1).isin("{", "[", "t", "f") for f in TEXT_FIELDS}
+    suspect = {
+        f: F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False))
+        for f in TEXT_FIELDS
+    }
     return [
         (suspect[f] & _json_type(f).isin("OBJECT", "ARRAY", "BOOLEAN"), F.concat(F.lit(f"{f} must be text, got "), F.lower(_json_type(f))))
         for f in TEXT_FIELDS
