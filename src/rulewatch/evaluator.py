@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from rulewatch.commands import CLEAR_STATE
 from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
 from rulewatch.schema import RULE_FIELDS
+from rulewatch.state_batch import batched_map, pipeline_requested
 from rulewatch.windows import MAX_SPAN_MS
 
 _KEY = StructType([StructField("key", StringType())])
@@ -86,10 +87,13 @@ class HistoryStore:
     trip per touched slot instead of per key, but rewrites every key sharing a touched slot. That
     wins when most keys are touched every batch and loses when few of many keys are
     (docs/benchmarks.md). The layout is fixed per checkpoint.
+
+    Reads and writes go by the batch (state_batch.py): pipelined on the state socket when
+    ``pipeline`` is set and pyspark's internals allow it, one round trip per entry otherwise.
     """
 
-    def __init__(self, state: MapState, slots: int) -> None:
-        self.state = state
+    def __init__(self, state: MapState, slots: int, pipeline: bool) -> None:
+        self.state = batched_map(state, pipeline)
         self.slots = slots
         self._loaded: dict[str, dict[str, bytes]] = {}
         self._dirty: set[str] = set()
@@ -99,47 +103,48 @@ class HistoryStore:
     def _slot(self, key: str) -> str:
         return f"#slot{zlib.crc32(key.encode()) % self.slots}"
 
-    def _slot_entries(self, slot: str) -> dict[str, bytes]:
-        if slot not in self._loaded:
-            stored = self.state.getValue((slot,))
+    def _load_slots(self, slots: Iterable[str]) -> None:
+        missing = [slot for slot in dict.fromkeys(slots) if slot not in self._loaded]
+        for slot, stored in zip(missing, self.state.get_many([(slot,) for slot in missing])):
             self._loaded[slot] = pickle.loads(stored[0]) if stored else {}
-        return self._loaded[slot]
 
-    def get(self, key: str) -> bytes | None:
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Each key's blob (None: nothing stored)."""
         if not self.slots:
-            stored = self.state.getValue((key,))
-            return stored[0] if stored else None
-        return self._slot_entries(self._slot(key)).get(key)
+            wanted = list(dict.fromkeys(keys))
+            stored = self.state.get_many([(key,) for key in wanted])
+            return {key: value[0] if value else None for key, value in zip(wanted, stored)}
+        slot_of = {key: self._slot(key) for key in keys}
+        self._load_slots(slot_of.values())
+        return {key: self._loaded[slot].get(key) for key, slot in slot_of.items()}
 
-    def put(self, key: str, blob: bytes | None) -> None:
+    def put_many(self, blobs: Mapping[str, bytes | None]) -> None:
+        """Store each key's blob; None deletes the key."""
         if not self.slots:
-            if blob is None:
-                self.state.removeKey((key,))
-            else:
-                self.state.updateValue((key,), (blob,))
-                self.rows_written += 1
-                self.bytes_written += len(blob)
+            self._write(list(blobs.items()))
             return
-        slot = self._slot(key)
-        entries = self._slot_entries(slot)
-        if blob is None:
-            entries.pop(key, None)
-        else:
-            entries[key] = blob
-        self._dirty.add(slot)
+        slot_of = {key: self._slot(key) for key in blobs}
+        self._load_slots(slot_of.values())
+        for key, blob in blobs.items():
+            entries = self._loaded[slot_of[key]]
+            if blob is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = blob
+            self._dirty.add(slot_of[key])
 
     def flush(self) -> None:
-        for slot in self._dirty:
-            entries = self._loaded[slot]
-            if entries:
-                blob = pickle.dumps(entries, protocol=5)
-                self.state.updateValue((slot,), (blob,))
-                self.rows_written += 1
-                self.bytes_written += len(blob)
-            else:
-                self.state.removeKey((slot,))
+        entries = {slot: self._loaded[slot] for slot in self._dirty}
+        self._write([(slot, pickle.dumps(e, protocol=5) if e else None) for slot, e in entries.items()])
         self._loaded.clear()
         self._dirty.clear()
+
+    def _write(self, blobs: list[tuple[str, bytes | None]]) -> None:
+        self.state.write_many([((key,), None if blob is None else (blob,)) for key, blob in blobs])
+        for _, blob in blobs:
+            if blob is not None:
+                self.rows_written += 1
+                self.bytes_written += len(blob)
 
 
 class RuleProcessor(StatefulProcessor):
@@ -148,11 +153,14 @@ class RuleProcessor(StatefulProcessor):
     def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0) -> None:
         self.granularity = cleanup_granularity_ms
         self.state_slots = state_slots
+        # Read where the query is built (driver or Connect client) and pickled with the processor:
+        # the Python workers' environment is not the caller's to set.
+        self.state_pipeline = pipeline_requested()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.rules = handle.getValueState("rules", _TEXT)
-        self.history = HistoryStore(handle.getMapState("history", _KEY, _BLOB), self.state_slots)
+        self.history = HistoryStore(handle.getMapState("history", _KEY, _BLOB), self.state_slots, self.state_pipeline)
         self.layout = handle.getValueState("layout", _TEXT)
         self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
@@ -243,10 +251,12 @@ class RuleProcessor(StatefulProcessor):
         if not events.empty:
             self._check_layout()
             book = self._book()
-            result = evaluate_batch(events, book, self.history.get, timerValues.getCurrentWatermarkInMs())
+            # Every key the engine can ask for, read as one batch. Late events' keys are included
+            # (a few reads more); a key outside the batch raises instead of reading as empty.
+            stored = self.history.get_many((events["keyset"] + KEY_SEPARATOR + events["group_key"]).unique())
+            result = evaluate_batch(events, book, stored.__getitem__, timerValues.getCurrentWatermarkInMs())
             self.history.rows_written = self.history.bytes_written = 0
-            for state_key, blob in result.writes.items():
-                self.history.put(state_key, blob)
+            self.history.put_many(result.writes)
             self.history.flush()
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
@@ -272,8 +282,8 @@ class RuleProcessor(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         book = self._book()
         still_alive: dict[str, int] = {}
-        for state_key in entry[0].split("\n") if entry else []:
-            blob = self.history.get(state_key)
+        purged: dict[str, bytes | None] = {}
+        for state_key, blob in self.history.get_many(entry[0].split("\n") if entry else []).items():
             if blob is None:
                 continue
             cols, memory = decode_history(blob)
@@ -281,10 +291,11 @@ class RuleProcessor(StatefulProcessor):
             last = newest_time(cols["eventTime"], memory)
             expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
             if expires < watermark:
-                self.history.put(state_key, None)
+                purged[state_key] = None
             else:
                 # Touched again, or a wider rule arrived since it was indexed.
                 still_alive[state_key] = expires
+        self.history.put_many(purged)
         self.history.flush()
         self._index_expiry(still_alive, book)
         yield from ()

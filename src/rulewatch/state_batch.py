@@ -1,0 +1,305 @@
+"""Batched MapState access: a batch's state requests are written ahead of reading their responses.
+
+Why: every MapState call from Python is a synchronous round trip to the JVM state server
+(60-150 µs, more on a busy machine) and the evaluator makes one or two per touched key. The server
+reads requests from one socket and answers each in order, so requests can be written ahead of
+their responses (perf-notes.md, "State calls can be pipelined"). pyspark 4.2's public API has no
+multi-get or multi-put for MapState, so the pipelined path drives pyspark's internal state client.
+
+This module is the only place that touches those internals. ``batched_map`` checks them when a map
+is wrapped (in the processor's ``init``) and falls back to the public per-key calls when anything is
+missing or shaped differently, or when ``RULEWATCH_STATE_PIPELINE=0``. Both paths send the same
+requests in the same order, so they leave the same state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from pyspark.sql.streaming.stateful_processor import MapState
+from pyspark.sql.types import StructType
+
+PIPELINE_ENV = "RULEWATCH_STATE_PIPELINE"
+
+Key = tuple[Any, ...]
+Value = tuple[Any, ...]
+
+_log = logging.getLogger(__name__)
+
+# Internal methods used, with the parameters (after self) they are expected to take.
+_API_METHODS: dict[str, tuple[str, ...]] = {
+    "_serialize_to_bytes": ("schema", "data"),
+    "_deserialize_from_bytes": ("value",),
+    "_send_proto_message": ("message",),
+    "_receive_proto_message": (),
+}
+# Protobuf messages built or read, with the fields used.
+_PROTO_FIELDS: dict[str, tuple[str, ...]] = {
+    "StateRequest": ("stateVariableRequest",),
+    "StateVariableRequest": ("mapStateCall",),
+    "MapStateCall": ("stateName", "getValue", "updateValue", "removeKey"),
+    "GetValue": ("userKey",),
+    "UpdateValue": ("userKey", "value"),
+    "RemoveKey": ("userKey",),
+    "StateResponse": ("statusCode", "errorMessage", "value"),
+}
+
+
+def pipeline_requested() -> bool:
+    """Whether the environment allows the pipelined path (``RULEWATCH_STATE_PIPELINE=0`` forbids it)."""
+    return os.environ.get(PIPELINE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
+class BatchedMap(Protocol):
+    pipelined: bool
+
+    def get_many(self, keys: Sequence[Key]) -> list[Value | None]:
+        """Each key's value (None: absent), in the order of ``keys``."""
+        ...
+
+    def write_many(self, items: Sequence[tuple[Key, Value | None]]) -> None:
+        """Update each key to its value, or remove it where the value is None, in order."""
+        ...
+
+
+class PublicMap:
+    """The public API: one synchronous round trip per key."""
+
+    pipelined = False
+
+    def __init__(self, state: MapState) -> None:
+        self.state = state
+
+    def get_many(self, keys: Sequence[Key]) -> list[Value | None]:
+        return [self.state.getValue(key) for key in keys]
+
+    def write_many(self, items: Sequence[tuple[Key, Value | None]]) -> None:
+        for key, value in items:
+            if value is None:
+                self.state.removeKey(key)
+            else:
+                self.state.updateValue(key, value)
+
+
+@dataclass(frozen=True)
+class _Internals:
+    api: Any  # pyspark's StatefulProcessorApiClient: the state socket and its (de)serialisers
+    name: str
+    key_schema: StructType
+    value_schema: StructType
+    proto: Any  # pyspark's StateMessage_pb2 module
+
+
+class _FrameSink:
+    """Stands in for the API client so pyspark's own ``_send_proto_message`` frames a request into
+    memory: the wire format then stays pyspark's, and many frames go out in one socket write."""
+
+    def __init__(self) -> None:
+        self.sockfile = io.BytesIO()
+
+
+class _Writer:
+    """One thread per process that writes queued payloads to their state sockets, in order.
+
+    Writing from another thread than the one reading the responses is what rules out a deadlock:
+    with both sides writing (requests here, responses in the JVM) and neither reading, a large
+    batch would fill both socket buffers. One long-lived thread, because starting a thread per
+    batch costs more than the round trips of a small batch.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[_Internals, bytes]] = queue.SimpleQueue()
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, parts: _Internals, payload: bytes) -> None:
+        with self._lock:
+            # Threads do not survive a fork: a child process starts its own.
+            if self._pid != os.getpid():
+                self._pid, self._jobs = os.getpid(), queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(self._jobs,), name="rulewatch-state-writer", daemon=True).start()
+            self._jobs.put((parts, payload))
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[tuple[_Internals, bytes]]) -> None:
+        while True:
+            parts, payload = jobs.get()
+            try:
+                parts.api.sockfile.write(payload)
+                parts.api.sockfile.flush()
+            except Exception:
+                _log.exception("rulewatch: writing pipelined state requests failed; closing the state socket")
+                # The reading thread then fails on the closed socket instead of waiting forever.
+                with contextlib.suppress(OSError):
+                    parts.api._client_socket.shutdown(socket.SHUT_RDWR)
+
+
+_writer = _Writer()
+
+# Requests framed per socket write. Small enough that the JVM starts on the first ones while the
+# rest are still being serialised here, large enough that a write carries many.
+_CHUNK = 128
+
+
+class PipelinedMap:
+    """Sends a batch's requests through the writer thread, chunk by chunk as they are serialised,
+    then reads the responses in order on the calling thread."""
+
+    pipelined = True
+
+    def __init__(self, parts: _Internals) -> None:
+        self._parts = parts
+        self._send: Callable[[Any, bytes], None] = type(parts.api)._send_proto_message
+
+    def get_many(self, keys: Sequence[Key]) -> list[Value | None]:
+        pb, api = self._parts.proto, self._parts.api
+        values = self._exchange(self._request(getValue=pb.GetValue(userKey=self._key(key))) for key in keys)
+        # An absent key comes back as an empty value (as in pyspark's MapStateClient.get_value).
+        return [api._deserialize_from_bytes(value) if value else None for value in values]
+
+    def write_many(self, items: Sequence[tuple[Key, Value | None]]) -> None:
+        self._exchange(self._write_request(key, value) for key, value in items)
+
+    def _key(self, key: Key) -> bytes:
+        return self._parts.api._serialize_to_bytes(self._parts.key_schema, key)
+
+    def _write_request(self, key: Key, value: Value | None) -> bytes:
+        pb = self._parts.proto
+        if value is None:
+            return self._request(removeKey=pb.RemoveKey(userKey=self._key(key)))
+        encoded = self._parts.api._serialize_to_bytes(self._parts.value_schema, value)
+        return self._request(updateValue=pb.UpdateValue(userKey=self._key(key), value=encoded))
+
+    def _request(self, **call: Any) -> bytes:
+        pb = self._parts.proto
+        map_call = pb.MapStateCall(stateName=self._parts.name, **call)
+        return pb.StateRequest(stateVariableRequest=pb.StateVariableRequest(mapStateCall=map_call)).SerializeToString()
+
+    def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
+        """Every request's response value, in order."""
+        sent = 0
+        pending = iter(requests)
+        try:
+            while chunk := list(itertools.islice(pending, _CHUNK)):
+                sink = _FrameSink()
+                for request in chunk:
+                    self._send(sink, request)
+                _writer.submit(self._parts, sink.sockfile.getvalue())
+                sent += len(chunk)
+        except BaseException:
+            # A request that cannot be built fails the batch; what was sent is answered first, so
+            # the socket stays in step for the calls after this one.
+            self._responses(sent)
+            raise
+        return self._responses(sent)
+
+    def _responses(self, count: int) -> list[bytes]:
+        try:
+            return [self._response() for _ in range(count)]
+        except BaseException:
+            # The server may stop reading after an error, with requests of this batch still to
+            # send: close the socket so the writer thread is not stuck on it. The task fails, and
+            # its state socket with it.
+            with contextlib.suppress(OSError):
+                self._parts.api._client_socket.shutdown(socket.SHUT_RDWR)
+            raise
+
+    def _response(self) -> bytes:
+        status, error, value = self._parts.api._receive_proto_message()
+        if status != 0:
+            raise RuntimeError(f"state server refused a pipelined MapState call (status {status}): {error}")
+        return value
+
+
+def batched_map(state: MapState, pipeline: bool) -> BatchedMap:
+    """``state`` with batched access: pipelined when asked for and pyspark's internals check out,
+    the public per-key calls otherwise."""
+    if not pipeline:
+        return PublicMap(state)
+    parts = internals(state)
+    if isinstance(parts, str):
+        _warn_fallback(parts)
+        return PublicMap(state)
+    return PipelinedMap(parts)
+
+
+def internals(state: MapState) -> _Internals | str:
+    """The internal objects the pipelined path drives, or why they cannot be used."""
+    problem = _module_problem()
+    if problem:
+        return problem
+    from pyspark.sql.streaming.map_state_client import MapStateClient
+    from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+
+    client = getattr(state, "_mapStateClient", None)
+    name = getattr(state, "_stateName", None)
+    if not isinstance(client, MapStateClient) or not isinstance(name, str):
+        return f"{type(state).__name__} has no MapStateClient and state name"
+    api = getattr(client, "_stateful_processor_api_client", None)
+    # Exactly pyspark's class: its framing and reading are what was checked, not a subclass's.
+    if type(api) is not StatefulProcessorApiClient:
+        return f"the MapStateClient talks through {type(api).__name__}, not pyspark's StatefulProcessorApiClient"
+    key_schema, value_schema = getattr(client, "user_key_schema", None), getattr(client, "value_schema", None)
+    if not isinstance(key_schema, StructType) or not isinstance(value_schema, StructType):
+        return "the MapStateClient has no key and value schemas"
+    sockfile = getattr(api, "sockfile", None)
+    if not all(callable(getattr(sockfile, method, None)) for method in ("read", "write", "flush")):
+        return "the StatefulProcessorApiClient has no readable and writable sockfile"
+    if not isinstance(getattr(api, "_client_socket", None), socket.socket):
+        return "the StatefulProcessorApiClient has no socket"
+    import pyspark.sql.streaming.proto.StateMessage_pb2 as proto
+
+    return _Internals(api, name, key_schema, value_schema, proto)
+
+
+@functools.cache
+def _module_problem() -> str | None:
+    """What is wrong with pyspark's state client classes and messages for this use, if anything
+    (checked once per process)."""
+    try:
+        import pyspark.sql.streaming.proto.StateMessage_pb2 as proto
+        from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+    except ImportError as error:
+        return f"pyspark's state client cannot be imported: {error}"
+    for method, params in _API_METHODS.items():
+        found = getattr(StatefulProcessorApiClient, method, None)
+        if not callable(found):
+            return f"StatefulProcessorApiClient.{method} is missing"
+        if tuple(inspect.signature(found).parameters)[1:] != params:
+            return f"StatefulProcessorApiClient.{method} takes {inspect.signature(found)}, expected (self, {', '.join(params)})"
+    for message, fields in _PROTO_FIELDS.items():
+        descriptor = getattr(getattr(proto, message, None), "DESCRIPTOR", None)
+        missing = [f for f in fields if descriptor is None or f not in descriptor.fields_by_name]
+        if missing:
+            return f"state protocol message {message} lacks {', '.join(missing)}"
+    return _framing_problem(StatefulProcessorApiClient)
+
+
+def _framing_problem(api_class: type) -> str | None:
+    # Framing through a stand-in only works if _send_proto_message writes the message, behind a
+    # header, to self.sockfile and nothing else.
+    sink = _FrameSink()
+    try:
+        api_class._send_proto_message(sink, b"probe")
+    except Exception as error:
+        return f"StatefulProcessorApiClient._send_proto_message does not frame into a buffer: {error!r}"
+    frame = sink.sockfile.getvalue()
+    if not (frame.endswith(b"probe") and len(frame) > len(b"probe")):
+        return "StatefulProcessorApiClient._send_proto_message writes an unexpected frame"
+    return None
+
+
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    _log.warning("rulewatch: MapState calls are not pipelined (%s); using one round trip per call", reason)

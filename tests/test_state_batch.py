@@ -1,0 +1,379 @@
+"""Batched MapState access (state_batch.py) against a stand-in state server on a real socket.
+
+The stand-in answers like the JVM's: one request at a time, in order, each response written
+(blocking) before the next request is read. It records whether the next request had already
+arrived when one was answered, which tells a pipelined client from a synchronous one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.map_state_client import MapStateClient
+from pyspark.sql.streaming.stateful_processor import MapState
+from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+from rulewatch import schema, state_batch
+from rulewatch.evaluator import HistoryStore
+from rulewatch.gold import GoldSettings, start_gold
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.rules import parse_rule
+from rulewatch.rules_table import apply_rules
+from rulewatch.silver import ensure_silver_tables
+from rulewatch.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched_map, pipeline_requested
+
+KEY = StructType([StructField("key", StringType())])
+BLOB = StructType([StructField("blob", BinaryType())])
+REFUSED = "refuse-me"
+
+
+class StandInServer:
+    """A state server that keeps one map per state name, keyed by serialised user key."""
+
+    def __init__(self, buffer_bytes: int | None = None) -> None:
+        import pyspark.sql.streaming.proto.StateMessage_pb2 as pb
+
+        self.pb = pb
+        self.maps: dict[str, dict[bytes, bytes]] = {}
+        self.answered = 0
+        self.answered_with_next_waiting = 0
+        # A Unix socket (pyspark's client speaks both): TCP with tiny buffers is slowed by ACK timing.
+        self.path = os.path.join(tempfile.mkdtemp(prefix="rulewatch-state-"), "server.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(1)
+        self.buffer_bytes = buffer_bytes
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        if self.buffer_bytes:
+            shrink(conn, self.buffer_bytes)
+        self.pending, self.offset = bytearray(), 0
+        with conn:
+            while True:
+                header = self._read(conn, 8)
+                if header is None:
+                    return
+                _, length = struct.unpack(">ii", header)
+                request = self.pb.StateRequest.FromString(self._read(conn, length))
+                response = self._handle(request.stateVariableRequest.mapStateCall)
+                self.answered += 1
+                waiting = len(self.pending) > self.offset or select.select([conn], [], [], 0)[0]
+                self.answered_with_next_waiting += bool(waiting)
+                encoded = response.SerializeToString()
+                conn.sendall(struct.pack(">i", len(encoded)) + encoded)
+                if response.statusCode != 0:
+                    # Like the JVM after an unexpected error: no more answers, socket left open.
+                    threading.Event().wait()
+
+    def _read(self, conn: socket.socket, n: int) -> bytes | None:
+        while len(self.pending) - self.offset < n:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                return None
+            del self.pending[: self.offset]
+            self.offset = 0
+            self.pending += chunk
+        out = bytes(self.pending[self.offset : self.offset + n])
+        self.offset += n
+        return out
+
+    def _handle(self, call) -> object:
+        entries = self.maps.setdefault(call.stateName, {})
+        kind = call.WhichOneof("method")
+        if kind == "getValue":
+            return self.pb.StateResponse(statusCode=0, value=entries.get(call.getValue.userKey, b""))
+        if kind == "updateValue":
+            if pickle.loads(call.updateValue.userKey) == (REFUSED,):
+                return self.pb.StateResponse(statusCode=1, errorMessage="refused")
+            entries[call.updateValue.userKey] = call.updateValue.value
+        elif kind == "removeKey":
+            entries.pop(call.removeKey.userKey, None)
+        else:
+            return self.pb.StateResponse(statusCode=1, errorMessage=f"unexpected {kind}")
+        return self.pb.StateResponse(statusCode=0)
+
+    def contents(self, name: str) -> dict:
+        return {pickle.loads(k): pickle.loads(v) for k, v in self.maps.get(name, {}).items()}
+
+
+def shrink(sock: socket.socket, buffer_bytes: int) -> None:
+    """Small socket buffers, so that modest batches overflow them."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+
+
+def map_state(server: StandInServer, name: str = "history") -> MapState:
+    api = StatefulProcessorApiClient(server.path, KEY)
+    return MapState(MapStateClient(api, KEY, BLOB), name)
+
+
+def run_with_deadline(fn, seconds: float = 60):
+    """``fn()``'s result; fails (instead of hanging the suite) if it does not return in time."""
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no answer within {seconds} s: deadlocked"
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def workload(batched) -> list:
+    """Updates, removes, reads of present and absent keys, small and large values."""
+    small = [((f"k{i}",), (f"v{i}".encode() * (i % 7),)) for i in range(3_000)]
+    large = [((f"big{i}",), (bytes([i]) * 300_000,)) for i in range(20)]
+    batched.write_many(small + large)
+    batched.write_many([((f"k{i}",), None) for i in range(0, 3_000, 3)] + [(("never-stored",), None)])
+    batched.write_many([(("k1",), (b"rewritten",))])
+    keys = [(f"k{i}",) for i in range(3_000)] + [(f"big{i}",) for i in range(20)] + [("absent",)]
+    return batched.get_many(keys)
+
+
+def test_pipelined_and_public_paths_read_and_leave_the_same_state():
+    public_server, pipelined_server = StandInServer(), StandInServer()
+    public = batched_map(map_state(public_server), pipeline=False)
+    pipelined = batched_map(map_state(pipelined_server), pipeline=True)
+    assert isinstance(public, PublicMap) and isinstance(pipelined, PipelinedMap)
+
+    public_reads = run_with_deadline(lambda: workload(public))
+    pipelined_reads = run_with_deadline(lambda: workload(pipelined))
+
+    assert pipelined_reads == public_reads
+    assert public_reads[1] == (b"rewritten",) and public_reads[0] is None and public_reads[-1] is None
+    assert pipelined_server.contents("history") == public_server.contents("history")
+    assert pipelined_server.answered == public_server.answered
+    # Synchronous calls never have the next request waiting; pipelined ones nearly always do.
+    assert public_server.answered_with_next_waiting == 0
+    assert pipelined_server.answered_with_next_waiting > pipelined_server.answered * 0.9
+
+
+def test_batches_larger_than_both_socket_buffers_do_not_deadlock():
+    # 3 MB of requests, then 3 MB of responses, through buffers of a few kB: writing every request
+    # before reading any response would leave both sides blocked writing.
+    state = map_state(StandInServer(buffer_bytes=4_096))
+    shrink(state._mapStateClient._stateful_processor_api_client._client_socket, 4_096)
+    batched = batched_map(state, pipeline=True)
+    blobs = [((f"b{i}",), (os.urandom(100_000),)) for i in range(30)]
+    run_with_deadline(lambda: batched.write_many(blobs))
+    assert run_with_deadline(lambda: batched.get_many([key for key, _ in blobs])) == [value for _, value in blobs]
+
+
+def test_a_refused_call_raises_and_leaves_the_writer_thread_free():
+    # The stand-in stops reading after the refusal, with most of the batch still to be written.
+    batched = batched_map(map_state(StandInServer(buffer_bytes=4_096)), pipeline=True)
+    items = [((f"k{i}",), (b"x",)) for i in range(500)] + [((REFUSED,), (b"x",))] + [((f"z{i}",), (b"x" * 1000,)) for i in range(500)]
+    with pytest.raises(RuntimeError, match="refused"):
+        run_with_deadline(lambda: batched.write_many(items))
+    other = batched_map(map_state(StandInServer()), pipeline=True)
+    assert run_with_deadline(lambda: other.get_many([("k",)]), seconds=10) == [None]
+
+
+def test_a_key_that_cannot_be_serialised_fails_before_anything_is_sent():
+    server = StandInServer()
+    batched = batched_map(map_state(server), pipeline=True)
+    with pytest.raises(Exception):
+        batched.write_many([(("ok",), (b"x",)), (5, (b"x",))])
+    assert server.answered == 0
+    batched.write_many([(("ok",), (b"x",))])  # the socket is still in step
+    assert run_with_deadline(lambda: batched.get_many([("ok",)])) == [(b"x",)]
+
+
+@pytest.mark.parametrize("slots", [0, 4])
+def test_history_store_state_and_counts_are_the_same_on_both_paths(slots):
+    outcomes = []
+    for pipeline in (False, True):
+        server = StandInServer()
+        store = HistoryStore(map_state(server), slots, pipeline)
+        assert store.state.pipelined is pipeline
+        first = {f"ks\x1fg{i}": f"blob{i}".encode() * 50 for i in range(400)}
+        store.put_many(first)
+        store.flush()
+        read = store.get_many(list(first) + ["ks\x1fmissing"])
+        store.put_many({**{key: None for key in list(first)[::2]}, "ks\x1fnew": b"new"})
+        store.flush()
+        outcomes.append((read, store.get_many(list(first) + ["ks\x1fnew"]), server.contents("history"), store.rows_written, store.bytes_written))
+    assert outcomes[0] == outcomes[1]
+    read, after, _, rows, _ = outcomes[0]
+    assert read["ks\x1fg3"] == b"blob3" * 50 and read["ks\x1fmissing"] is None
+    assert after["ks\x1fg0"] is None and after["ks\x1fg1"] == b"blob1" * 50 and after["ks\x1fnew"] == b"new"
+    assert rows == (400 + 1 if not slots else 2 * slots)
+
+
+def test_the_environment_switch_forces_the_public_path(monkeypatch):
+    monkeypatch.setenv(PIPELINE_ENV, "0")
+    assert not pipeline_requested()
+    from rulewatch.evaluator import RuleProcessor
+
+    assert RuleProcessor().state_pipeline is False
+    monkeypatch.delenv(PIPELINE_ENV)
+    assert pipeline_requested() and RuleProcessor().state_pipeline is True
+
+
+def test_a_map_state_without_the_internal_client_falls_back():
+    class OtherMapState(MapState):
+        def __init__(self) -> None:
+            pass
+
+    assert "no MapStateClient" in state_batch.internals(OtherMapState())
+    assert isinstance(batched_map(OtherMapState(), pipeline=True), PublicMap)
+
+
+def test_a_changed_internal_signature_falls_back(monkeypatch):
+    server = StandInServer()
+    state = map_state(server)
+    monkeypatch.setattr(StatefulProcessorApiClient, "_receive_proto_message", lambda self, timeout: None)
+    state_batch._module_problem.cache_clear()
+    try:
+        assert "_receive_proto_message" in state_batch.internals(state)
+        assert isinstance(batched_map(state, pipeline=True), PublicMap)
+    finally:
+        monkeypatch.undo()
+        state_batch._module_problem.cache_clear()
+    assert isinstance(batched_map(state, pipeline=True), PipelinedMap)
+
+
+# ---------------------------------------------------------------------------------- in Spark's workers
+
+# Runs in its own process so that it can also be a Spark Connect client. The processor lives in
+# __main__, so it travels to the Python workers by value.
+WORKER_PROBE = """
+import tempfile
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from rulewatch.session import get_spark
+from rulewatch.state_batch import batched_map
+
+KEY = StructType([StructField("key", StringType())])
+BLOB = StructType([StructField("blob", BinaryType())])
+
+class Probe(StatefulProcessor):
+    def init(self, handle):
+        self.batched = batched_map(handle.getMapState("m", KEY, BLOB), pipeline=True)
+
+    def handleInputRows(self, key, rows, timerValues):
+        keys = [(k,) for frame in rows for k in frame["k"]]
+        self.batched.write_many([(k, (k[0].encode() * 50,)) for k in keys])
+        self.batched.write_many([(k, None) for k in keys[::2]])
+        got = self.batched.get_many(keys + [("absent",)])
+        expected = [None if i % 2 == 0 else (k[0].encode() * 50,) for i, k in enumerate(keys)] + [None]
+        yield pd.DataFrame({"pipelined": [self.batched.pipelined], "correct": [got == expected]})
+
+spark = get_spark("rulewatch-state-probe")
+root = tempfile.mkdtemp()
+spark.range(6000).selectExpr("cast(id % 3 as string) g", "cast(id as string) k").write.parquet(root + "/in")
+events = spark.readStream.schema("g string, k string").parquet(root + "/in")
+out = events.groupBy("g").transformWithStateInPandas(Probe(), "pipelined boolean, correct boolean", "Append", "None")
+query = out.writeStream.format("memory").queryName("probe").option("checkpointLocation", root + "/cp").trigger(availableNow=True).start()
+query.awaitTermination()
+print("PROBE", sorted(tuple(r) for r in spark.table("probe").collect()))
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
+def test_spark_python_workers_take_the_pipelined_path(remote):
+    env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_REMOTE"} | ({"RULEWATCH_REMOTE": remote} if remote else {})
+    result = subprocess.run([sys.executable, "-c", WORKER_PROBE], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "PROBE [(True, True), (True, True), (True, True)]" in result.stdout, result.stdout[-2000:]
+
+
+# --------------------------------------------------------------------------------- through gold (Spark)
+
+T0 = datetime(2026, 11, 1, 10)
+GOLD_RULES = [
+    {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
+     "aggregatorFunctionType": "SUM", "limitOperatorType": ">", "limit": 900, "window": "1h"},
+    {"ruleId": 2, "groupingKeyNames": ["beneficiaryId"], "aggregateFieldName": "payeeId",
+     "aggregatorFunctionType": "UNIQUE_COUNT", "limitOperatorType": ">=", "limit": 3, "window": "30m",
+     "cooldown": "10m"},
+]  # fmt: skip
+# Minutes after T0 and payee count of each landed batch. The third lands 3 h on, so the
+# fourth's watermark passes the first two's retention and their keys are purged by timers.
+GOLD_BATCHES = [(0, 1_500), (20, 1_500), (200, 40), (205, 40)]
+
+
+def _gold_batch(spark, n: int):
+    start, payees = GOLD_BATCHES[n]
+    rng = random.Random(n)
+    rows = [
+        (f"t{n}-{i}", T0 + timedelta(minutes=start, seconds=rng.randrange(1_200)), f"p{rng.randrange(payees)}",
+         f"b{rng.randrange(payees // 4 + 1)}", Decimal(rng.randrange(1, 50_000)) / 100)
+        for i in range(4 * payees)
+    ]  # fmt: skip
+    if n == 1:
+        rows.append(("late-1", T0 - timedelta(hours=3), "p1", "b1", Decimal(5)))  # past the 1 h lateness
+    frame = spark.createDataFrame(rows, "transaction_id string, event_time timestamp, payee_id string, beneficiary_id string, payment_amount decimal(18,2)")
+    return schema.conform(frame.withColumn("ingest_time", F.lit(T0)), schema.SILVER)
+
+
+def _gold_outputs(spark, lakehouse: Lakehouse) -> dict[str, list]:
+    """Everything gold wrote, minus wall-clock columns, and every state entry it holds."""
+    wall_clock = {"decision_time", "latency_ms", "batch_start", "batch_end", "duration_ms"}
+    tables = {
+        "alerts": lakehouse.alerts, "window_metrics": lakehouse.window_metrics, "late_events": lakehouse.late_events,
+    }  # fmt: skip
+    out = {}
+    for name, path in tables.items():
+        frame = spark.read.format("delta").load(path)
+        out[name] = sorted(tuple(r) for r in frame.select(*[c for c in frame.columns if c not in wall_clock]).collect())
+    metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
+    counted = ["batch_id", "rows_in", "alerts", "keys_touched", "state_rows_written", "state_bytes_written"]
+    out["pipeline_metrics"] = sorted(tuple(r) for r in metrics.select(*counted).collect())
+    state_options = [("stateVarName", name) for name in ("history", "expiry", "rules", "layout")]
+    for option, value in [*state_options, ("readRegisteredTimers", "true")]:
+        state = spark.read.format("statestore").option(option, value).load(lakehouse.checkpoint("gold"))
+        out[f"state:{value}"] = sorted(repr(tuple(r)) for r in state.collect())
+    return out
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("slots", [0, 8])
+def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switched(spark, tmp_path, monkeypatch, slots):
+    """Two lakehouses take the same micro-batches: one always pipelined, the other restarted from
+    its checkpoint with the path switched every run (public, pipelined, public, pipelined), so
+    each path reads state the other wrote."""
+    lakehouses = {mode: Lakehouse(str(tmp_path / mode)) for mode in ("pipelined", "switched")}
+    for lakehouse in lakehouses.values():
+        ensure_silver_tables(spark, lakehouse)
+        apply_rules(spark, lakehouse, [parse_rule(r) for r in GOLD_RULES])
+    settings = GoldSettings(shards=2, state_slots=slots)
+    for n in range(len(GOLD_BATCHES)):
+        batch = _gold_batch(spark, n)
+        outputs = {}
+        for mode, lakehouse in lakehouses.items():
+            batch.write.format("delta").mode("append").save(lakehouse.silver_transactions)
+            monkeypatch.setenv(PIPELINE_ENV, "0" if mode == "switched" and n % 2 == 0 else "1")
+            start_gold(spark, lakehouse, settings).awaitTermination()
+            outputs[mode] = _gold_outputs(spark, lakehouse)
+        assert outputs["pipelined"] == outputs["switched"], f"after run {n + 1}"
+    final = outputs["pipelined"]
+    assert final["alerts"] and final["late_events"] and final["state:history"] and final["state:true"]
+    # The timers purged the first batches' keys: only the last two batches' payees are left.
+    assert len(final["state:history"]) < (100 if not slots else 2 * slots + 1)
