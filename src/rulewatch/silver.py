@@ -23,6 +23,7 @@ from rulewatch.rules import parse_duration
 from rulewatch.sinks import append_once, batch_column, ensure_table
 
 MAX_AMOUNT = 10**12
+WHITESPACE = " \t\r\n"  # JSON's whitespace
 # An event time before this is a unit mistake (epoch seconds read as milliseconds land in January
 # 1970) or a placeholder, not a payment.
 EVENT_TIME_FLOOR = "2000-01-01T00:00:00Z"
@@ -100,15 +101,21 @@ def _brackets(text: Column) -> Column:
     return F.length(text) - F.length(F.translate(text, "{}[]", ""))
 
 
-def _one_object(value: Column, parsed: Column) -> Column:
-    """The line is one JSON object and nothing after it.
+def _flat_object(value: Column) -> Column:
+    """The line is ``{...}`` with no other bracket anywhere: then it is one object and nothing after
+    it (its one ``}`` closes the object and ends the line), whatever its strings hold; no regex needed."""
+    trimmed = F.trim(value, F.lit(WHITESPACE))
+    return trimmed.startswith("{") & trimmed.endswith("}") & (_brackets(value) == 2)
+
+
+def _one_object(skeleton: Column, parsed: Column) -> Column:
+    """The line (``skeleton``: its trimmed ``_skeleton``) is one JSON object and nothing after it.
 
     Spark's JSON parsers stop after the first value and ignore the rest (``{...}{...}``,
     ``{...} junk``). The line's structure outside strings must start with ``{``, end with ``}`` and
     hold exactly the brackets of the value the parser read: anything after that value adds a bracket
     or ends in something other than ``}``.
     """
-    skeleton = F.trim(_skeleton(value), F.lit(" \t\r\n"))
     brackets = _brackets(skeleton)
     # Almost every line is a flat object (two brackets): then its value's brackets need no re-serialising.
     same_brackets = F.when(brackets == 2, F.lit(True)).otherwise(brackets == _brackets(_skeleton(F.to_json(parsed))))
@@ -135,19 +142,17 @@ def _event_time_checks(text: Column, event_time: Column, epoch: Column) -> list[
     ]
 
 
-def _amount_checks(value: Column) -> tuple[Column, list[tuple[Column, Column]]]:
-    """The typed amount and its checks, read from the variant so the digits are exactly as sent.
+def _amount_checks(value: Column, text: Column, kind: Column, exact: Column) -> tuple[Column, list[tuple[Column, Column]]]:
+    """The typed amount and its checks, from the variant's text of it so the digits are exactly as sent.
 
     (Spark's JSON reader hands a number over as a double's text: 10.000000000000000000001 becomes
-    "10.0" and would pass the cents check.)
+    "10.0" and would pass the cents check.) ``kind`` is the variant's type of the amount and
+    ``exact`` its text as decimal(38, 10).
     """
-    text = F.expr("try_cast(v:paymentAmount AS string)")
-    kind = F.expr("schema_of_variant(v:paymentAmount)")
     # A number the variant holds as a double was written with an exponent or too many digits:
     # show it as sent, not as the double.
     sent = F.when(kind == "DOUBLE", F.regexp_extract(value, r'"paymentAmount"\s*:\s*([-+0-9.eE]+)', 1)).otherwise(text)
     plain = text.rlike(PLAIN_DECIMAL) & (kind != "DOUBLE")
-    exact = text.try_cast("decimal(38, 10)")
     numeric = text.try_cast("double").isNotNull()
     # The common case in one regex; each reason's own test runs only for an amount that fails it.
     good = text.rlike(CENTS) & (kind != "DOUBLE") & exact.between(0, MAX_AMOUNT)
@@ -162,7 +167,7 @@ def _amount_checks(value: Column) -> tuple[Column, list[tuple[Column, Column]]]:
         (bad & plain & (exact.isNull() | (exact > MAX_AMOUNT)), F.concat(F.lit(f"paymentAmount above {MAX_AMOUNT:,}: "), text)),
         (bad & plain & ~text.rlike(CENTS), F.concat(F.lit("paymentAmount has more than 2 decimal places: "), text)),
     ]
-    amount = F.when(good, text.try_cast(schema.MONEY))
+    amount = F.when(good, exact.cast(schema.MONEY))
     return amount, checks
 
 
@@ -172,21 +177,32 @@ def parse(bronze: DataFrame) -> DataFrame:
     A line that is not one strict JSON object (or not UTF-8) gets only that cause as its reason.
     """
     allowed_types = payment_types()
-    parsed = bronze.withColumn("j", F.from_json("value", schema.RAW_SCHEMA, JSON_OPTIONS)).withColumn(
-        "v", F.expr("try_parse_json(value)")
-    )
+    # In stages, each value a later check reads more than once computed once: inlined, Spark
+    # evaluates an expression again at each use inside a conditional (the line's skeleton six times).
+    parsed = bronze.withColumns({"j": F.from_json("value", schema.RAW_SCHEMA, JSON_OPTIONS), "v": F.expr("try_parse_json(value)")})
     event_time_text = _text("eventTime")
-    epoch = event_time_text.rlike(EPOCH_MS)
-    event_time = F.when(epoch, F.timestamp_millis(event_time_text.cast("long"))).when(
-        event_time_text.rlike(ISO_DATE_TIME), F.expr("try_cast(j.eventTime AS timestamp)")
-    )
-    amount, amount_checks = _amount_checks(F.col("value"))
+    parsed = parsed.withColumns({
+        "_epoch": event_time_text.rlike(EPOCH_MS),
+        "_flat": _flat_object(F.col("value")),
+        "_amount_text": F.expr("try_cast(v:paymentAmount AS string)"),
+        "_amount_kind": F.expr("schema_of_variant(v:paymentAmount)"),
+    })  # fmt: skip
+    epoch = F.col("_epoch")
+    parsed = parsed.withColumns({
+        "_event_time": F.when(epoch, F.timestamp_millis(event_time_text.cast("long"))).when(
+            event_time_text.rlike(ISO_DATE_TIME), F.expr("try_cast(j.eventTime AS timestamp)")
+        ),
+        "_amount_exact": F.col("_amount_text").try_cast("decimal(38, 10)"),
+        "_skeleton": F.when(~F.col("_flat"), F.trim(_skeleton(F.col("value")), F.lit(WHITESPACE))),
+    })  # fmt: skip
+    event_time = F.col("_event_time")
+    amount, amount_checks = _amount_checks(F.col("value"), F.col("_amount_text"), F.col("_amount_kind"), F.col("_amount_exact"))
     not_utf8 = F.col("value_bytes").isNotNull()
     blank = F.trim(F.col("value")) == ""
     malformed = F.col("j").isNull() | _text("_corrupt_record").isNotNull()
     # Spark's reader keeps the last of two equal keys; the variant parser refuses them.
     duplicate_key = F.col("v").isNull()
-    trailing = ~_one_object(F.col("value"), F.col("v"))
+    trailing = ~F.col("_flat") & ~_one_object(F.col("_skeleton"), F.col("v"))
     causes: list[tuple[Column, Column]] = [
         (not_utf8, F.lit("not valid UTF-8 (bronze keeps the line's bytes in value_bytes)")),
         (blank, F.lit("blank line")),
@@ -204,12 +220,11 @@ def parse(bronze: DataFrame) -> DataFrame:
         ),
         *_wrong_types(),
     ]
-    failed = [F.when(cond, msg) for cond, msg in causes + checks]
-    # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
-    reasons = F.array_except(F.array(*failed), F.array(F.lit(None).cast("string")))
     # A line that is not one JSON object fails every check that reads a field; report only the cause.
     cause = F.coalesce(*[F.when(cond, msg) for cond, msg in causes])
-    reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(reasons)
+    # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
+    failed = F.array_except(F.array(*[F.when(cond, msg) for cond, msg in checks]), F.array(F.lit(None).cast("string")))
+    reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(failed)
     typed = [
         F.trim(_text("transactionId")).alias("transaction_id"),
         event_time.alias("event_time"),
