@@ -1,7 +1,7 @@
 -- Unity Catalog grants for rulewatch: who can read alerts, who can change rules, what the job may touch.
 --
 -- Run once per workspace as the schema owner (a metastore or catalog admin), e.g. in the SQL editor,
--- after the first `databricks bundle deploy -t prod` (docs/deploy.md). Names are the bundle defaults
+-- after the first `databricks bundle deploy -t prod` (docs/deploy.md). Names are the prod target's
 -- (catalog `main`, schema `rulewatch`); replace them, and the four principals, with your own:
 --   `rulewatch-job`       the service principal the prod job runs as (run_as)
 --   `fraud-engineers`     operate the pipeline; may repair tables and checkpoints

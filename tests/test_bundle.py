@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import nbformat
@@ -20,7 +19,17 @@ import yaml
 from databricks.bundles.jobs import Job
 
 from conftest import ROOT
+from rulewatch.bundle_check import (
+    DASHBOARD_DATASET_DEFAULTS_CLI,
+    check_bundle,
+    cli_version_floor,
+    isolation_problems,
+    load_schema,
+    schema_problems,
+)
+from rulewatch.bundle_config import BundleError, Identity, load_config, target_names
 from rulewatch.jobs import JobSpec, load_bundle, task_order
+from rulewatch.lakehouse import Lakehouse
 
 BUNDLE = load_bundle(ROOT)
 JOBS = sorted(BUNDLE.jobs)
@@ -148,45 +157,9 @@ def test_base_parameters_are_the_notebooks_widgets(job_key, task_key):
             assert value == f"{{{{job.parameters.{name}}}}}", f"{job_key}.{task_key}: {name}={value!r} is overridden by job parameter {name}"
 
 
-# ---- the Databricks CLI's own JSON schema for bundle config ---------------------------------------
-
-CLI_HOME = Path(os.environ.get("RULEWATCH_HOME", Path.home() / ".cache" / "rulewatch")) / "bin"
-GET_CLI = "GOBIN=~/.cache/rulewatch/bin go install github.com/databricks/cli@latest"
-
-
-def _bundle_schema() -> dict:
-    """``databricks bundle schema`` from a cached or installed CLI; skip when there is none."""
-    candidates = [CLI_HOME / "databricks", shutil.which("databricks")]
-    for binary in [c for c in candidates if c and Path(c).is_file()]:
-        done = subprocess.run([str(binary), "bundle", "schema"], capture_output=True, text=True, timeout=60)
-        if done.returncode == 0:
-            return json.loads(done.stdout)
-    pytest.skip(f"no Databricks CLI with `bundle schema` in {CLI_HOME} or on PATH; to enable: {GET_CLI}")
-
-
-def test_bundle_files_match_the_databricks_cli_schema():
-    import jsonschema
-
-    schema = _bundle_schema()
-    validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = validator_class(schema)
-    problems = []
-    for path in BUNDLE.files:
-        # Each included file is a fragment of the same root document, so one schema fits all.
-        for error in validator.iter_errors(yaml.safe_load(path.read_text())):
-            # Every schema node is oneOf(object, "${var...}" string); best_match reports the object branch's complaint.
-            error = jsonschema.exceptions.best_match([error])
-            problems.append(f"{path.relative_to(ROOT)}: {'/'.join(map(str, error.absolute_path))}: {error.message}")
-    assert not problems, "\n".join(problems)
-
-
 # ---- deployment settings: schedule, notifications, retries, compute, targets ------------------------
 
 ROOT_CONFIG = yaml.safe_load((ROOT / "databricks.yml").read_text())
-
-
-def _target_variables(target: str) -> dict[str, str]:
-    return dict((ROOT_CONFIG["targets"][target] or {}).get("variables") or {})
 
 
 def test_targets_dev_is_the_default_development_target_and_prod_is_production():
@@ -194,8 +167,16 @@ def test_targets_dev_is_the_default_development_target_and_prod_is_production():
     assert targets["dev"]["mode"] == "development" and targets["dev"].get("default") is True
     assert targets["prod"]["mode"] == "production"
     assert targets["prod"]["workspace"]["root_path"].startswith("/Workspace/")
-    levels = {p.get("group_name"): p["level"] for p in targets["prod"]["permissions"]}
-    assert levels == {"fraud-analysts": "CAN_VIEW", "fraud-engineers": "CAN_MANAGE"}
+    # prod runs as the service principal, which also deploys it and so keeps CAN_MANAGE on it.
+    assert targets["prod"]["run_as"] == {"service_principal_name": "${var.service_principal}"}
+    levels = {p.get("group_name") or p.get("service_principal_name"): p["level"] for p in targets["prod"]["permissions"]}
+    assert levels == {"${var.service_principal}": "CAN_MANAGE", "fraud-analysts": "CAN_VIEW", "fraud-engineers": "CAN_MANAGE"}
+    assert "run_as" not in targets["dev"]  # dev runs as the developer who deploys it
+
+
+def test_the_cli_version_floor_admits_dashboard_dataset_defaults():
+    constraint = ROOT_CONFIG["bundle"]["databricks_cli_version"]
+    assert cli_version_floor(constraint) == DASHBOARD_DATASET_DEFAULTS_CLI == (0, 281, 0)
 
 
 def test_no_workspace_host_or_secret_in_the_bundle():
@@ -214,36 +195,206 @@ def test_wheel_artifact_is_built_from_this_project():
 
 def test_variables_the_deploy_docs_describe_are_declared():
     declared = ROOT_CONFIG["variables"]
-    for name in ("catalog", "schema", "lakehouse", "landing", "warehouse_id", "notification_emails", "schedule_pause_status"):
-        assert name in declared and declared[name].get("description"), f"variable {name} missing or undocumented"
+    documented = (ROOT / "docs" / "deploy.md").read_text()
+    for name in declared:
+        assert declared[name].get("description"), f"variable {name} is undocumented in databricks.yml"
+        assert f"`{name}`" in documented, f"variable {name} is not in docs/deploy.md"
     # A list default is only accepted by the CLI on a variable declared complex.
     assert declared["notification_emails"]["type"] == "complex" and declared["notification_emails"]["default"] == []
+    # The dashboard's warehouse is looked up by name at deploy time, not an empty id.
+    assert declared["warehouse_id"] == {"description": declared["warehouse_id"]["description"], "lookup": {"warehouse": "${var.warehouse_name}"}}
+    assert "default" not in declared["service_principal"]  # a prod deploy without it must stop
 
 
 @pytest.mark.parametrize("job_key", JOBS)
 def test_schedule_is_paused_in_dev_and_runs_in_prod(job_key):
     schedule = BUNDLE.jobs[job_key].definition["schedule"]
     assert schedule["quartz_cron_expression"] and schedule["timezone_id"]
-    assert load_bundle(ROOT, _target_variables("dev")).variables["schedule_pause_status"] == "PAUSED"
-    assert load_bundle(ROOT, _target_variables("prod")).variables["schedule_pause_status"] == "UNPAUSED"
     assert schedule["pause_status"] == "${var.schedule_pause_status}"
+    assert _config("dev").resolved["resources"]["jobs"][job_key]["schedule"]["pause_status"] == "PAUSED"
+    assert _config("prod").resolved["resources"]["jobs"][job_key]["schedule"]["pause_status"] == "UNPAUSED"
 
 
 @pytest.mark.parametrize("job_key", JOBS)
-def test_failures_mail_the_notification_list(job_key):
-    assert BUNDLE.jobs[job_key].definition["email_notifications"]["on_failure"] == "${var.notification_emails}"
+def test_failures_slow_runs_and_backlogs_mail_the_notification_list(job_key):
+    mail = BUNDLE.jobs[job_key].definition["email_notifications"]
+    for event in ("on_failure", "on_duration_warning_threshold_exceeded", "on_streaming_backlog_exceeded"):
+        assert mail[event] == "${var.notification_emails}", event
+
+
+@pytest.mark.parametrize("job_key", JOBS)
+def test_job_has_a_timeout_health_rules_and_tags(job_key):
+    definition = BUNDLE.jobs[job_key].definition
+    assert 0 < definition["timeout_seconds"] <= 4 * 3600
+    rules = {r["metric"]: r for r in definition["health"]["rules"]}
+    assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES"}
+    assert all(r["op"] == "GREATER_THAN" and r["value"] > 0 for r in rules.values())
+    # The duration warning fires before the timeout cancels the run.
+    assert rules["RUN_DURATION_SECONDS"]["value"] < definition["timeout_seconds"]
+    for target in TARGETS:
+        assert _config(target).resolved["resources"]["jobs"][job_key]["tags"] == {"project": "rulewatch", "target": target}
 
 
 @pytest.mark.parametrize(("job_key", "task_key"), TASKS)
-def test_every_task_retries_and_gets_the_wheel_on_a_declared_cluster(job_key, task_key):
+def test_tasks_get_the_wheel_on_a_declared_cluster_and_only_stream_tasks_retry(job_key, task_key):
     definition = BUNDLE.jobs[job_key].definition
     raw = next(t for t in definition["tasks"] if t["task_key"] == task_key)
-    assert raw["max_retries"] >= 1 and raw["min_retry_interval_millis"] >= 10_000
+    if task_key == "setup":
+        # It validates the rules file and creates tables: a failure there is not transient.
+        assert "max_retries" not in raw and "min_retry_interval_millis" not in raw
+    else:
+        # Each stream restarts from its checkpoint, so a retry after a lost executor can finish.
+        assert raw["max_retries"] >= 1 and raw["min_retry_interval_millis"] >= 10_000
     clusters = {c["job_cluster_key"]: c for c in definition.get("job_clusters", [])}
     assert raw["job_cluster_key"] in clusters, f"{task_key}: job_cluster_key {raw.get('job_cluster_key')} is not declared"
     assert {"whl": "../dist/*.whl"} in raw["libraries"], f"{task_key}: the notebooks import rulewatch; the wheel must be installed"
     conf = clusters[raw["job_cluster_key"]]["new_cluster"]["spark_conf"]
     assert conf["spark.sql.streaming.stateStore.providerClass"].endswith("RocksDBStateStoreProvider")
+
+
+# ---- each target as the CLI builds it, against the CLI's own JSON schema ---------------------------------
+
+# The schema `databricks bundle schema` prints, copied as data (see its README); never skipped: a missing
+# file fails the test, since the CLI itself cannot run here.
+SCHEMA_PATH = Path(os.environ.get("RULEWATCH_BUNDLE_SCHEMA", ROOT.parent / "shared" / "databricks" / "bundle-jsonschema.json"))
+TARGETS = target_names(ROOT)
+SERVICE_PRINCIPAL = "6a1f3c2e-0000-4000-8000-000000000001"  # an application id, as a service principal's user name is
+# Who deploys each target, as docs/deploy.md says: a developer for dev, the service principal (from CI) for prod.
+DEPLOYERS = {"dev": Identity.of("alice.smith@example.com"), "prod": Identity.of(SERVICE_PRINCIPAL, service_principal=True)}
+TARGET_VARS = {"prod": {"service_principal": SERVICE_PRINCIPAL}}  # prod has no default for it: CI passes --var
+
+
+@pytest.fixture(scope="module")
+def schema_text() -> str:
+    assert SCHEMA_PATH.is_file(), f"the CLI's bundle JSON schema is missing at {SCHEMA_PATH} (set RULEWATCH_BUNDLE_SCHEMA)"
+    return load_schema(SCHEMA_PATH)
+
+
+def _config(target: str, **variables: str):
+    return load_config(ROOT, target, {**TARGET_VARS.get(target, {}), **variables}, identity=DEPLOYERS[target], environ={}, strict=True)
+
+
+def test_the_bundle_has_a_dev_and_a_prod_target():
+    assert set(TARGETS) == {"dev", "prod"} == set(DEPLOYERS)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_targets_merged_configuration_matches_the_cli_schema(schema_text, target):
+    config = _config(target)
+    # Includes merged and target overrides applied, references as written (the schema allows ${...}) ...
+    assert config.document["resources"]["jobs"] and config.document["resources"]["dashboards"]
+    assert schema_problems(config.document, schema_text) == []
+    # ... and again with every reference a deploy would resolve offline resolved (typed values included).
+    assert schema_problems(config.resolved, schema_text) == []
+
+
+def test_each_file_as_written_matches_the_cli_schema(schema_text):
+    # Each included file is a fragment of the same root document, so one schema fits all.
+    for path in BUNDLE.files:
+        assert schema_problems(yaml.safe_load(path.read_text()), schema_text) == [], path.name
+
+
+def test_the_whole_bundle_passes_every_offline_check(schema_text):
+    assert [str(p) for p in check_bundle(ROOT, schema_text, variables=TARGET_VARS, identities=DEPLOYERS, environ={})] == []
+
+
+def _copy_bundle(tmp_path: Path) -> Path:
+    root = tmp_path / "bundle"
+    root.mkdir()
+    shutil.copy(ROOT / "databricks.yml", root / "databricks.yml")
+    for folder in ("resources", "notebooks"):
+        shutil.copytree(ROOT / folder, root / folder)
+    return root
+
+
+def test_a_deliberately_broken_file_is_caught(schema_text, tmp_path):
+    root = _copy_bundle(tmp_path)
+    job_file = root / "resources" / "rulewatch.job.yml"
+    text = job_file.read_text()
+    broken = text.replace("max_concurrent_runs: 1", "max_concurent_runs: 1").replace("timeout_seconds: 3600", "timeout_seconds: an hour")
+    broken = broken.replace("op: GREATER_THAN", "op: MORE_THAN", 1)
+    assert broken.count("max_concurent_runs") == 1 and "an hour" in broken and "MORE_THAN" in broken
+    job_file.write_text(broken)
+    problems = [str(p) for p in check_bundle(root, schema_text, variables=TARGET_VARS, identities=DEPLOYERS, environ={})]
+    for target in ("dev", "prod"):
+        merged = [p for p in problems if p.startswith(f"[{target}] schema (merged configuration)")]
+        assert any("Additional properties are not allowed ('max_concurent_runs' was unexpected)" in p for p in merged), problems
+        assert any("rulewatch_pipeline/timeout_seconds: 'an hour' is not of type 'integer'" in p for p in merged), problems
+        assert any("health/rules/0/op: 'MORE_THAN' is not one of ['GREATER_THAN']" in p for p in merged), problems
+    assert any(p.startswith("[all targets]") and "rulewatch.job.yml (as written)" in p and "max_concurent_runs" in p for p in problems)
+
+
+def test_the_schema_check_runs_on_the_regex_engine_the_patterns_need(schema_text):
+    # The schema's ${...} alternatives use \p{L}; Python's re would reject them, so a pass here means the
+    # patterns really ran: a bad reference string in an integer field must fail them.
+    config = _config("dev")
+    document = copy.deepcopy(config.document)
+    document["resources"]["jobs"]["rulewatch_pipeline"]["timeout_seconds"] = "${var.timeout"
+    assert any("timeout_seconds" in line for line in schema_problems(document, schema_text))
+    document["resources"]["jobs"]["rulewatch_pipeline"]["timeout_seconds"] = "${var.run_timeout}"
+    assert schema_problems(document, schema_text) == []
+
+
+def test_a_file_that_is_not_a_json_schema_is_refused(tmp_path):
+    bad = tmp_path / "schema.json"
+    bad.write_text('{"type": 5}')
+    with pytest.raises(BundleError, match="not a valid JSON schema"):
+        schema_problems({}, load_schema(bad))
+    with pytest.raises(BundleError, match="cannot read"):
+        load_schema(tmp_path / "missing.json")
+
+
+# ---- targets never share data ----------------------------------------------------------------------------
+
+
+def test_dev_and_prod_resolve_to_separate_catalogs_schemas_volumes_and_checkpoints():
+    dev, prod = _config("dev"), _config("prod")
+    assert (dev.variables["catalog"], dev.variables["schema"]) == ("main", "rulewatch_dev_alice_smith")
+    assert (prod.variables["catalog"], prod.variables["schema"]) == ("main", "rulewatch")
+    assert dev.variables["lakehouse"] == "/Volumes/main/rulewatch_dev_alice_smith/lakehouse"
+    assert dev.variables["landing"] == "/Volumes/main/rulewatch_dev_alice_smith/landing"
+    assert prod.variables["lakehouse"] == "/Volumes/main/rulewatch/lakehouse"
+    assert prod.variables["landing"] == "/Volumes/main/rulewatch/landing"
+    assert Lakehouse(dev.variables["lakehouse"]).checkpoint("bronze") != Lakehouse(prod.variables["lakehouse"]).checkpoint("bronze")
+    assert isolation_problems({"dev": dev, "prod": prod}) == []
+    # What the deployed job and dashboard actually get, not only the variables:
+    for config in (dev, prod):
+        job = config.resolved["resources"]["jobs"]["rulewatch_pipeline"]
+        defaults = {p["name"]: p["default"] for p in job["parameters"]}
+        assert (defaults["lakehouse"], defaults["landing"]) == (config.variables["lakehouse"], config.variables["landing"])
+        setup = next(t for t in job["tasks"] if t["task_key"] == "setup")["notebook_task"]["base_parameters"]
+        assert (setup["catalog"], setup["schema"]) == (config.variables["catalog"], config.variables["schema"])
+        dashboard = config.resolved["resources"]["dashboards"]["rulewatch_dashboard"]
+        assert (dashboard["dataset_catalog"], dashboard["dataset_schema"]) == (config.variables["catalog"], config.variables["schema"])
+
+
+def test_two_developers_get_two_dev_schemas():
+    alice = _config("dev")
+    bob = load_config(ROOT, "dev", identity=Identity.of("bob@example.com"), environ={}, strict=True)
+    assert bob.variables["lakehouse"] == "/Volumes/main/rulewatch_dev_bob/lakehouse"
+    assert isolation_problems({"dev-alice": alice, "dev-bob": bob}) == []
+
+
+def test_every_path_is_derived_from_catalog_and_schema():
+    # Overriding only catalog/schema moves every volume: no separately written path can drift.
+    moved = _config("prod", catalog="fraud", schema="rw")
+    assert (moved.variables["lakehouse"], moved.variables["landing"]) == ("/Volumes/fraud/rw/lakehouse", "/Volumes/fraud/rw/landing")
+    declared = ROOT_CONFIG["variables"]
+    for name in ("lakehouse", "landing"):
+        assert "${var.catalog}" in declared[name]["default"] and "${var.schema}" in declared[name]["default"]
+    assert "default" not in declared["catalog"] and "default" not in declared["schema"]  # each target must choose
+    assert all({"catalog", "schema"} <= set((t or {}).get("variables") or {}) for t in ROOT_CONFIG["targets"].values())
+    assert "/Volumes/" not in (ROOT / "resources" / "rulewatch.job.yml").read_text()
+
+
+def test_a_target_that_shares_prods_data_is_caught():
+    prod = _config("prod")
+    copy_of_prod = _config("dev", schema="rulewatch")
+    problems = [str(p) for p in isolation_problems({"prod": prod, "staging": copy_of_prod})]
+    assert any("both targets use main.rulewatch" in p for p in problems)
+    assert any("checkpoints: both targets use /Volumes/main/rulewatch/lakehouse/_checkpoints/" in p for p in problems)
+    outside = _config("dev", lakehouse="/Volumes/main/rulewatch/lakehouse")
+    assert any("not a volume of the target's own schema" in str(p) for p in isolation_problems({"dev": outside}))
 
 
 # ---- the dashboard resource ------------------------------------------------------------------------
@@ -263,7 +414,8 @@ def test_dashboard_resource_loads_with_the_typed_class_and_reads_the_bundle_cata
     assert Dashboard.from_dict(copy.deepcopy(definition)).as_dict() == definition
     # The datasets name views unqualified; these put them in the schema the views are created in.
     assert definition["dataset_catalog"] == "${var.catalog}" and definition["dataset_schema"] == "${var.schema}"
-    assert definition["warehouse_id"] == "${var.warehouse_id}"
+    assert definition["warehouse_id"] == "${var.warehouse_id}"  # a warehouse lookup by name (databricks.yml)
+    assert definition["embed_credentials"] is False  # the views mask per viewer, so each viewer queries as themselves
     assert ROOT_CONFIG["variables"]["pii_viewer_group"]["description"]
 
 

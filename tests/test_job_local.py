@@ -153,14 +153,17 @@ def test_cli_points_remote_targets_at_the_databricks_cli(capsys):
 
 
 def test_the_repo_bundle_resolves_variables_and_parameters():
-    bundle = load_bundle(ROOT, {"landing": "/data/in"})
+    bundle = load_bundle(ROOT, {"landing": "/data/in"}, environ={})
     job = bundle.job(None)
     params = {t.key: task_parameters(job, t, {"lakehouse": "/lh"}) for t in task_order(job)}
     assert params["bronze"]["landing"] == "/data/in"  # ${var.landing} -> job parameter -> widget
+    # A local run has no Unity Catalog: catalog and schema are empty (LOCAL_VARIABLES), so setup makes no views.
     assert params["setup"] == {
         "lakehouse": "/lh", "landing": "/data/in", "rules_file": "",
-        "catalog": "main", "schema": "rulewatch", "pii_viewer_group": "fraud-investigators",
+        "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
     }  # fmt: skip
+    # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
+    assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"
 
 
 def _job(tasks: list[dict], **extra) -> dict:

@@ -1,9 +1,10 @@
 """``rulewatch remote``: what can be checked without a Databricks workspace.
 
 No workspace is reachable from here, so these tests stop at the boundary: with no configuration
-both commands fail fast with the settings to give and open no connection; job-name matching, SQL
-identifier validation and the run/statement handling are checked against stand-ins for the SDK's
-client that return the SDK's own response classes.
+both commands fail fast with the settings to give and open no connection; authentication is the SDK's
+own ``Config`` on a real config file; job-name matching, SQL identifier validation and the statement
+handling are checked against stand-ins that return the SDK's own response classes; following a run is
+the SDK's real ``JobsAPI`` waiter over a stand-in for its HTTP client (the workspace boundary).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import socket
 import time
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -26,12 +28,12 @@ from rulewatch.remote import (
     RemoteError,
     add_cli,
     alerts_statement,
-    auth_problem,
     find_job,
     latest_alerts,
     match_jobs,
     run_job,
     validate_identifier,
+    workspace_config,
 )
 
 
@@ -94,30 +96,35 @@ def test_functions_raise_the_auth_error_before_any_call(no_databricks_config):
     assert not no_databricks_config.attempts
 
 
-def test_auth_problem_reads_profiles_from_the_config_file(no_databricks_config, monkeypatch):
-    cfg = no_databricks_config.home / ".databrickscfg"
-    assert "no Databricks workspace configured" in auth_problem()
-    cfg.write_text("[DEFAULT]\n\n[staging]\nhost = https://staging.example.invalid\ntoken = x\n")
-    assert "[DEFAULT]" in auth_problem()  # a DEFAULT section without a host is no configuration
-    assert auth_problem("staging") is None
-    assert "'nope' is not in" in auth_problem("nope")
-    monkeypatch.setenv("DATABRICKS_CONFIG_PROFILE", "staging")
-    assert auth_problem() is None
-    monkeypatch.delenv("DATABRICKS_CONFIG_PROFILE")
-    monkeypatch.setenv("DATABRICKS_HOST", "https://dev.example.invalid")
-    assert auth_problem() is None  # credentials themselves are the SDK's and the workspace's to judge
+def test_an_unknown_profile_is_reported_by_the_sdk_without_a_network_call(no_databricks_config):
+    (no_databricks_config.home / ".databrickscfg").write_text("[staging]\nhost = https://staging.example.invalid\ntoken = x\n")
+    with pytest.raises(RemoteAuthError) as info:
+        workspace_config("nope")
+    assert "nope" in str(info.value) and "DATABRICKS_CONFIG_PROFILE" in str(info.value)
     assert not no_databricks_config.attempts
 
 
+def test_a_profile_in_the_config_file_configures_the_sdk(no_databricks_config, monkeypatch):
+    # The SDK reads the file itself; with a host it also probes the host's metadata, which is the
+    # workspace boundary: refused here (recorded), after which the SDK falls back to the profile.
+    (no_databricks_config.home / ".databrickscfg").write_text(
+        "[staging]\nhost = https://staging.example.invalid\ntoken = x\nretry_timeout_seconds = 1\n"
+    )
+    started = time.monotonic()
+    config = workspace_config("staging")
+    assert (config.host, config.auth_type) == ("https://staging.example.invalid", "pat")
+    monkeypatch.setenv("DATABRICKS_CONFIG_PROFILE", "staging")
+    assert workspace_config().host == "https://staging.example.invalid"
+    assert time.monotonic() - started < 30
+
+
 def test_the_sdks_configuration_error_is_reported_with_the_help(no_databricks_config, monkeypatch):
-    import databricks.sdk
+    import databricks.sdk.core
 
-    monkeypatch.setenv("DATABRICKS_HOST", "https://dev.example.invalid")
-
-    def failing_client(**kwargs):
+    def failing_config(**kwargs):
         raise ValueError("default auth: cannot configure default credentials")
 
-    monkeypatch.setattr(databricks.sdk, "WorkspaceClient", failing_client)
+    monkeypatch.setattr(databricks.sdk.core, "Config", failing_config)
     with pytest.raises(RemoteAuthError) as info:
         remote.workspace_client()
     assert "cannot configure default credentials" in str(info.value) and "DATABRICKS_TOKEN" in str(info.value)
@@ -146,43 +153,58 @@ def test_match_by_exact_name_or_behind_a_dev_prefix():
     assert match_jobs([PIPELINE], [alice, bob]) == [alice, bob]
 
 
-class FakeJobs:
-    """The part of ``WorkspaceClient.jobs`` that run_job uses, answering with the SDK's own classes."""
+class FakeApi:
+    """The SDK's HTTP client as the jobs API sees it: canned JSON for jobs/list, jobs/get, run-now and runs/get."""
 
     def __init__(self, jobs: list[tuple[int, str]], runs: list[dict] | None = None):
-        self._jobs = [BaseJob.from_dict({"job_id": i, "settings": {"name": n}}) for i, n in jobs]
-        self._runs = [Run.from_dict(r) for r in runs or []]
-        self.run_now_calls: list[tuple[int, dict | None]] = []
+        self._cfg = SimpleNamespace(workspace_id=None)
+        self.jobs = [{"job_id": i, "settings": {"name": n}} for i, n in jobs]
+        self.runs = list(runs or [])
+        self.run_now_bodies: list[dict] = []
+        self.run_gets = 0
 
-    def list(self, **kwargs):
-        return iter(self._jobs)
+    def do(self, method, path, query=None, body=None, headers=None, **kwargs):
+        if path.endswith("/jobs/list"):
+            return {"jobs": self.jobs}
+        if path.endswith("/jobs/get"):
+            return next(j for j in self.jobs if j["job_id"] == int(query["job_id"]))
+        if path.endswith("/jobs/run-now"):
+            self.run_now_bodies.append(body)
+            return {"run_id": 77, "number_in_job": 1}
+        if path.endswith("/jobs/runs/get"):
+            assert int(query["run_id"]) == 77
+            self.run_gets += 1
+            return self.runs.pop(0) if len(self.runs) > 1 else self.runs[0]
+        raise AssertionError(f"unexpected call {method} {path}")
 
-    def get(self, job_id):
-        job = next(j for j in self._jobs if j.job_id == job_id)
-        return Job.from_dict({"job_id": job.job_id, "settings": {"name": job.settings.name}})
 
-    def run_now(self, job_id, job_parameters=None, **kwargs):
-        self.run_now_calls.append((job_id, job_parameters))
-        return SimpleNamespace(run_id=77)
+def _client(api: FakeApi) -> SimpleNamespace:
+    from databricks.sdk.mixins.jobs import JobsExt
 
-    def get_run(self, run_id):
-        assert run_id == 77
-        return self._runs.pop(0) if len(self._runs) > 1 else self._runs[0]
+    return SimpleNamespace(jobs=JobsExt(api))  # the class WorkspaceClient.jobs is
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    """The SDK's waiter sleeps between polls (with back-off); these runs are canned, so it need not."""
+    import databricks.sdk.service.jobs as jobs_service
+
+    monkeypatch.setattr(jobs_service.time, "sleep", lambda _: None)
 
 
 def test_find_job_by_key_name_or_id():
-    client = SimpleNamespace(jobs=FakeJobs([(11, "something else"), (12, f"[dev alice] {PIPELINE}")]))
+    client = _client(FakeApi([(11, "something else"), (12, f"[dev alice] {PIPELINE}")]))
     assert find_job(client, "rulewatch_pipeline") == DeployedJob(12, f"[dev alice] {PIPELINE}")
     assert find_job(client, PIPELINE).job_id == 12
     assert find_job(client, "11") == DeployedJob(11, "something else")
 
 
 def test_find_job_refuses_to_guess():
-    client = SimpleNamespace(jobs=FakeJobs([(12, f"[dev alice] {PIPELINE}"), (13, f"[dev bob] {PIPELINE}")]))
+    client = _client(FakeApi([(12, f"[dev alice] {PIPELINE}"), (13, f"[dev bob] {PIPELINE}")]))
     with pytest.raises(RemoteError, match=r"2 deployed jobs match.*12: \[dev alice\].*13: \[dev bob\]"):
         find_job(client, "rulewatch_pipeline")
     with pytest.raises(RemoteError, match="no deployed job named.*bundle deploy"):
-        find_job(SimpleNamespace(jobs=FakeJobs([(11, "other")])), "rulewatch_pipeline")
+        find_job(_client(FakeApi([(11, "other")])), "rulewatch_pipeline")
 
 
 def _run(life: str, result: str | None = None, tasks: dict[str, tuple[str, str | None]] | None = None) -> dict:
@@ -197,33 +219,47 @@ def _run(life: str, result: str | None = None, tasks: dict[str, tuple[str, str |
     }
 
 
-def test_run_job_follows_task_transitions_to_success():
+def test_run_job_follows_task_transitions_to_success_with_the_sdk_waiter(no_sleep):
     runs = [
         _run("PENDING", tasks={"setup": ("PENDING", None), "bronze": ("BLOCKED", None)}),
         _run("RUNNING", tasks={"setup": ("RUNNING", None), "bronze": ("BLOCKED", None)}),
         _run("RUNNING", tasks={"setup": ("TERMINATED", "SUCCESS"), "bronze": ("RUNNING", None)}),
         _run("TERMINATED", "SUCCESS", tasks={"setup": ("TERMINATED", "SUCCESS"), "bronze": ("TERMINATED", "SUCCESS")}),
     ]
-    jobs = FakeJobs([(12, f"[dev alice] {PIPELINE}")], [runs[0], *runs])
+    api = FakeApi([(12, f"[dev alice] {PIPELINE}")], [runs[0], *runs])
     lines: list[str] = []
-    code = run_job("rulewatch_pipeline", {"landing": "/Volumes/a/b/c"}, log=lines.append, client=SimpleNamespace(jobs=jobs), poll_seconds=0)
+    code = run_job("rulewatch_pipeline", {"landing": "/Volumes/a/b/c"}, log=lines.append, client=_client(api))
     assert code == 0
-    assert jobs.run_now_calls == [(12, {"landing": "/Volumes/a/b/c"})]
+    assert api.run_now_bodies == [{"job_id": 12, "job_parameters": {"landing": "/Volumes/a/b/c"}}]
     assert lines[0].startswith(f"job [dev alice] {PIPELINE} (id 12): run 77 started https://")
     setup = [line for line in lines if line.strip().startswith("setup:")]
     assert setup == ["  setup: PENDING", "  setup: RUNNING", "  setup: TERMINATED SUCCESS"]
     assert lines[-1] == "run 77: TERMINATED SUCCESS"
+    assert api.run_gets == 5  # one for the run's URL, then the waiter's polls until TERMINATED
 
 
-def test_run_job_returns_one_when_the_run_fails_and_zero_without_follow():
+def test_run_job_returns_one_when_the_run_fails_and_zero_without_follow(no_sleep):
     failed = _run("TERMINATED", "FAILED", tasks={"setup": ("TERMINATED", "FAILED")})
     lines: list[str] = []
-    jobs = FakeJobs([(12, PIPELINE)], [failed])
-    assert run_job("12", None, log=lines.append, client=SimpleNamespace(jobs=jobs), poll_seconds=0) == 1
+    api = FakeApi([(12, PIPELINE)], [failed])
+    assert run_job("12", None, log=lines.append, client=_client(api)) == 1
     assert "  setup: TERMINATED FAILED: boom" in lines
-    assert jobs.run_now_calls == [(12, None)]
-    jobs = FakeJobs([(12, PIPELINE)], [_run("PENDING")])
-    assert run_job(PIPELINE, {}, follow=False, log=lambda _: None, client=SimpleNamespace(jobs=jobs)) == 0
+    assert api.run_now_bodies == [{"job_id": 12}]
+    api = FakeApi([(12, PIPELINE)], [_run("PENDING")])
+    assert run_job(PIPELINE, {}, follow=False, log=lambda _: None, client=_client(api)) == 0
+    assert api.run_gets == 1  # triggered, not followed
+
+
+def test_run_job_stops_following_at_the_timeout_and_on_an_internal_error(no_sleep):
+    lines: list[str] = []
+    api = FakeApi([(12, PIPELINE)], [_run("RUNNING")])
+    assert run_job("12", None, log=lines.append, client=_client(api), timeout=timedelta(0)) == 1
+    assert "run 77: still RUNNING after 0:00:00; it goes on in the workspace" in lines
+    lines.clear()
+    api = FakeApi([(12, PIPELINE)], [_run("RUNNING"), _run("INTERNAL_ERROR")])
+    assert run_job("12", None, log=lines.append, client=_client(api)) == 1
+    assert lines[-2] == "run 77: INTERNAL_ERROR"
+    assert lines[-1].startswith("run 77: failed to reach TERMINATED or SKIPPED")  # the SDK's OperationFailed
 
 
 # ---- SQL: identifiers validated, values as parameters -----------------------------------------------
@@ -310,8 +346,10 @@ def test_alerts_command_rejects_a_bad_identifier_with_exit_2(no_databricks_confi
     assert "not a plain identifier" in capsys.readouterr().err
 
 
-def test_defaults_match_the_bundle():
-    bundle = load_bundle(ROOT)
+def test_defaults_match_the_prod_target():
+    from rulewatch.bundle_config import Identity
+
+    bundle = load_bundle(ROOT, {"service_principal": "sp"}, target="prod", identity=Identity.of("sp", service_principal=True), environ={})
     assert remote.DEFAULT_JOB in bundle.jobs
     assert (bundle.variables["catalog"], bundle.variables["schema"]) == (remote.DEFAULT_CATALOG, remote.DEFAULT_SCHEMA)
     assert bundle.variables["lakehouse"] == f"/Volumes/{remote.DEFAULT_CATALOG}/{remote.DEFAULT_SCHEMA}/{remote.DEFAULT_VOLUME}"

@@ -1,10 +1,11 @@
 """Run the asset bundle's job DAG on this machine, one real notebook execution per task.
 
 The job is read from the same ``databricks.yml`` + ``include``d YAML that ``databricks bundle
-deploy`` ships, so a local run exercises the deployed task graph, parameters and notebooks rather
-than a hand-maintained copy of them. Only what a local run needs is interpreted: ``${var.NAME}``
-(bundle variables), ``{{job.parameters.NAME}}`` (job parameters) and ``notebook_task`` tasks joined
-by ``depends_on``; anything else a task would need is reported instead of silently ignored.
+deploy`` ships, merged and resolved the way the CLI does it (``rulewatch.bundle_config``), so a local
+run exercises the deployed task graph, parameters and notebooks rather than a hand-maintained copy of
+them. Only what a local run needs is interpreted: ``${var.NAME}`` (bundle variables, nested ones
+included), ``{{job.parameters.NAME}}`` (job parameters) and ``notebook_task`` tasks joined by
+``depends_on``; anything else a task would need is reported instead of silently ignored.
 """
 
 from __future__ import annotations
@@ -14,25 +15,28 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import yaml
-
+from rulewatch.bundle_config import BundleError, Identity, load_config
 from rulewatch.lakehouse import Lakehouse, exclusive
 from rulewatch.widgets import widget_env
 
 Log = Callable[[str], None]
 
-# Same shape as the bundle CLI's variable reference; "$${...}" is an escaped literal there, so skip it.
-_VAR_REF = re.compile(r"(?<!\$)\$\{var\.([A-Za-z_][\w-]*)\}")
 _OTHER_REF = re.compile(r"(?<!\$)\$\{[^}]*\}")
 _DYNAMIC_REF = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _JOB_PARAM = re.compile(r"job\.parameters\.([A-Za-z_][\w-]*)")
 
 # A checkout's own bundle, used when the current directory is not inside one.
 _SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+# A local run stands in for a bundle target: there is no Unity Catalog here, so catalog and schema are
+# empty (the setup task then creates no catalog views) and the lakehouse and landing paths come from the
+# command line instead of the volumes derived from them. --var still wins over these.
+LOCAL_VARIABLES: dict[str, str] = {"catalog": "", "schema": ""}
 
 
 class JobError(Exception):
@@ -65,7 +69,7 @@ class Task:
 class JobSpec:
     key: str
     source: Path  # the YAML file the job came from, for error messages and relative paths
-    definition: dict[str, Any]  # as written, before any reference is resolved
+    definition: dict[str, Any]  # merged as the CLI merges it, before any reference is resolved
     parameters: dict[str, str]  # name -> default, with ${var.*} resolved
     tasks: tuple[Task, ...]
 
@@ -73,9 +77,10 @@ class JobSpec:
 @dataclass(frozen=True)
 class Bundle:
     root: Path
-    variables: dict[str, str]
+    variables: dict[str, Any]  # resolved values (a complex variable keeps its type)
     jobs: dict[str, JobSpec]
     files: tuple[Path, ...]  # databricks.yml first, then every included file
+    target: str | None = None  # the bundle target applied; None for a local run
 
     def job(self, job_key: str | None) -> JobSpec:
         """The named job, or the only one when no name is given."""
@@ -109,54 +114,13 @@ def find_bundle_root(start: Path | None = None) -> Path:
     raise JobError(f"no databricks.yml in {here} or any parent folder")
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise JobError(f"{path}: not valid YAML: {err}") from err
-    if document is None:
-        return {}
-    if not isinstance(document, dict):
-        raise JobError(f"{path}: expected a mapping at the top level")
-    return document
+def _text(value: Any) -> str:
+    """A parameter value as Databricks passes it: text (a YAML number or boolean included)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _resolve_vars(value: Any, variables: dict[str, str], source: Path) -> Any:
-    """Substitute every ``${var.NAME}`` in strings nested anywhere inside ``value``."""
-    if isinstance(value, str):
-
-        def substitute(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in variables:
-                raise JobError(f"{source}: unknown variable ${{var.{name}}} (defined: {', '.join(sorted(variables)) or 'none'})")
-            return variables[name]
-
-        return _VAR_REF.sub(substitute, value)
-    if isinstance(value, dict):
-        return {k: _resolve_vars(v, variables, source) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_resolve_vars(v, variables, source) for v in value]
-    return value
-
-
-def _bundle_variables(root_file: Path, document: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
-    declared = document.get("variables") or {}
-    unknown = sorted(set(overrides) - set(declared))
-    if unknown:
-        raise JobError(f"{root_file}: no variable named {', '.join(unknown)} (declared: {', '.join(sorted(declared)) or 'none'})")
-    # A variable with no default only exists once it is given a value; referencing it stays an error.
-    variables = {
-        name: str(spec["default"])
-        for name, spec in declared.items()
-        if isinstance(spec, dict) and "default" in spec and spec["default"] is not None
-    }
-    variables.update({name: str(value) for name, value in overrides.items()})
-    return variables
-
-
-def _parse_job(key: str, definition: dict[str, Any], source: Path, variables: dict[str, str]) -> JobSpec:
-    resolved = _resolve_vars(definition, variables, source)
-    parameters = {str(p["name"]): str(p.get("default", "")) for p in resolved.get("parameters") or []}
+def _parse_job(key: str, definition: dict[str, Any], resolved: dict[str, Any], source: Path) -> JobSpec:
+    parameters = {str(p["name"]): _text(p.get("default", "")) for p in resolved.get("parameters") or []}
     tasks: list[Task] = []
     for raw in resolved.get("tasks") or []:
         task_key = raw.get("task_key")
@@ -175,7 +139,7 @@ def _parse_job(key: str, definition: dict[str, Any], source: Path, variables: di
             Task(
                 key=task_key,
                 notebook=(source.parent / notebook_task["notebook_path"]).resolve(),
-                base_parameters={str(k): str(v) for k, v in (notebook_task.get("base_parameters") or {}).items()},
+                base_parameters={str(k): _text(v) for k, v in (notebook_task.get("base_parameters") or {}).items()},
                 depends_on=tuple(d["task_key"] for d in raw.get("depends_on") or []),
                 timeout_seconds=raw.get("timeout_seconds") or None,
             )
@@ -183,25 +147,36 @@ def _parse_job(key: str, definition: dict[str, Any], source: Path, variables: di
     return JobSpec(key, source, definition, parameters, tuple(tasks))
 
 
-def load_bundle(root: Path | None = None, variables: dict[str, str] | None = None) -> Bundle:
-    """Parse ``databricks.yml`` and its ``include`` globs; collect ``resources.jobs`` from all of them."""
+def load_bundle(
+    root: Path | None = None,
+    variables: Mapping[str, Any] | None = None,
+    *,
+    target: str | None = None,
+    identity: Identity | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Bundle:
+    """The bundle's jobs as the CLI would deploy them for ``target``, or as a local run sees them (None).
+
+    ``variables`` are ``--var`` values. Without a target the local stand-ins in ``LOCAL_VARIABLES`` apply;
+    ``identity`` resolves ``${workspace.current_user.*}`` (a target like dev needs one).
+    """
     root = (root or find_bundle_root()).resolve()
-    root_file = root / "databricks.yml"
-    if not root_file.is_file():
-        raise JobError(f"{root}: no databricks.yml")
-    document = _read_yaml(root_file)
-    values = _bundle_variables(root_file, document, variables or {})
-    files = [root_file]
-    for pattern in document.get("include") or []:
-        files += sorted(p.resolve() for p in root.glob(pattern) if p.is_file())
+    try:
+        config = load_config(
+            root,
+            target,
+            variables,
+            identity=identity,
+            environ=environ,
+            target_defaults=LOCAL_VARIABLES if target is None else None,
+        )
+    except BundleError as err:
+        raise JobError(str(err)) from err
     jobs: dict[str, JobSpec] = {}
-    for path in files:
-        fragment = document if path == root_file else _read_yaml(path)
-        for key, definition in ((fragment.get("resources") or {}).get("jobs") or {}).items():
-            if key in jobs:
-                raise JobError(f"{path}: job {key} is already defined in {jobs[key].source}")
-            jobs[key] = _parse_job(key, definition, path, values)
-    return Bundle(root, values, jobs, tuple(files))
+    resolved_jobs = (config.resolved.get("resources") or {}).get("jobs") or {}
+    for key, definition in ((config.document.get("resources") or {}).get("jobs") or {}).items():
+        jobs[key] = _parse_job(key, definition, resolved_jobs[key], config.source_of("jobs", key))
+    return Bundle(root, dict(config.variables), jobs, config.files, target)
 
 
 def task_order(job: JobSpec) -> list[Task]:
@@ -362,9 +337,12 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
         with exclusive(Lakehouse(args.lakehouse)):
             run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
-    except JobError as err:
+    except JobRunFailed as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 1
+    except JobError as err:  # the bundle or the command line is wrong: nothing ran
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

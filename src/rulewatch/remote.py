@@ -1,33 +1,33 @@
 """The deployed bundle job on a Databricks workspace: trigger and follow a run, read the latest alerts.
 
-Everything here talks to a workspace through ``databricks-sdk``, authenticated the SDK's standard
-way (``DATABRICKS_*`` environment variables or a ``~/.databrickscfg`` profile); nothing here holds a
-host or a secret. When no workspace is configured at all, the commands say which settings to give
-before the SDK is even constructed, so that case never reaches the network.
+Everything here talks to a workspace through ``databricks-sdk``, configured the SDK's standard way
+(``databricks.sdk.core.Config``: ``DATABRICKS_*`` environment variables or a ``~/.databrickscfg``
+profile); nothing here holds a host or a secret, and nothing here parses that file itself. When the SDK
+finds no usable configuration, the commands stop with the settings to give; that check reads only the
+environment and the config file (the SDK contacts a host only once one is configured).
 
-    rulewatch remote run [JOB] [--param K=V ...] [--no-follow]
+    rulewatch remote run [JOB] [--param K=V ...] [--no-follow] [--timeout-minutes N]
     rulewatch remote alerts --warehouse-id ID [--catalog C] [--schema S] [--limit N]
 """
 
 from __future__ import annotations
 
 import argparse
-import configparser
-import os
 import re
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
+    from databricks.sdk.core import Config
 
 Log = Callable[[str], None]
 
-# The bundle's defaults (databricks.yml variables catalog/schema; the lakehouse volume); a test keeps them in step.
+# The prod target's catalog/schema in databricks.yml and its lakehouse volume; a test keeps them in step.
 DEFAULT_CATALOG = "main"
 DEFAULT_SCHEMA = "rulewatch"
 DEFAULT_VOLUME = "lakehouse"
@@ -44,7 +44,6 @@ AUTH_HELP = (
 )
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
-_TERMINAL_RUN_STATES = {"TERMINATED", "SKIPPED", "INTERNAL_ERROR"}
 
 
 class RemoteError(Exception):
@@ -58,56 +57,26 @@ class RemoteAuthError(RemoteError):
 # ---- authentication --------------------------------------------------------------------------------
 
 
-def auth_problem(profile: str | None = None, environ: dict[str, str] | None = None) -> str | None:
-    """Why no workspace can be configured from the environment and config file, or None if one may be.
+def workspace_config(profile: str | None = None) -> Config:
+    """The SDK's own configuration (environment, then ``~/.databrickscfg``); ``RemoteAuthError`` if it has none.
 
-    Reads only environment variables and the config file (no network): a host must come from
-    DATABRICKS_HOST / DATABRICKS_AZURE_RESOURCE_ID or from the selected ~/.databrickscfg profile.
-    Whether the credentials found there are valid is left to the SDK and the workspace.
+    ``Config`` resolves host and credentials exactly as the Databricks CLI does, including the
+    DATABRICKS_CONFIG_PROFILE / DATABRICKS_CONFIG_FILE variables; it raises ValueError for every
+    configuration it cannot use (no host, no credentials, an unknown profile).
     """
-    env = os.environ if environ is None else environ
-    if env.get("DATABRICKS_RUNTIME_VERSION"):
-        return None  # inside a Databricks notebook or job the runtime supplies host and credentials
-    profile = profile or env.get("DATABRICKS_CONFIG_PROFILE") or None
-    env_host = env.get("DATABRICKS_HOST") or env.get("DATABRICKS_AZURE_RESOURCE_ID")
-    if env_host and profile is None:
-        return None
-    config_file = Path(env.get("DATABRICKS_CONFIG_FILE") or "~/.databrickscfg").expanduser()
-    sections: dict[str, dict[str, str]] = {}
-    if config_file.is_file():
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(config_file)
-        except configparser.Error as err:
-            return f"{config_file} is not a valid config file: {err}"
-        sections = {name: dict(parser._sections[name]) for name in parser.sections()}  # without DEFAULT merged in
-        if parser.defaults():
-            sections["DEFAULT"] = dict(parser.defaults())
-    if profile is not None:
-        if profile not in sections:
-            known = ", ".join(sorted(sections)) or "none"
-            return f"profile {profile!r} is not in {config_file} (profiles there: {known})"
-        if sections[profile].get("host") or sections[profile].get("azure_workspace_resource_id") or env_host:
-            return None
-        return f"profile {profile!r} in {config_file} has no host"
-    default = sections.get("DEFAULT", {})
-    if default.get("host") or default.get("azure_workspace_resource_id"):
-        return None
-    where = f"{config_file} has no [DEFAULT] profile with a host" if config_file.is_file() else f"there is no {config_file}"
-    return f"no Databricks workspace configured: DATABRICKS_HOST is not set and {where}"
+    from databricks.sdk.core import Config
+
+    try:
+        return Config(profile=profile) if profile else Config()
+    except ValueError as err:
+        raise RemoteAuthError(f"no usable Databricks configuration: {err}\n{AUTH_HELP}") from err
 
 
 def workspace_client(profile: str | None = None) -> WorkspaceClient:
-    """A ``WorkspaceClient`` from the standard Databricks configuration; ``RemoteAuthError`` if there is none."""
-    problem = auth_problem(profile)
-    if problem is not None:
-        raise RemoteAuthError(f"{problem}.\n{AUTH_HELP}")
+    """A ``WorkspaceClient`` on :func:`workspace_config`."""
     from databricks.sdk import WorkspaceClient
 
-    try:
-        return WorkspaceClient(profile=profile) if profile else WorkspaceClient()
-    except ValueError as err:  # the SDK reports every configuration/auth resolution failure as ValueError
-        raise RemoteAuthError(f"Databricks authentication failed: {err}\n{AUTH_HELP}") from err
+    return WorkspaceClient(config=workspace_config(profile))
 
 
 # ---- finding the deployed job -----------------------------------------------------------------------
@@ -193,6 +162,32 @@ def _state_text(state: Any) -> str:
     return life + result
 
 
+class _RunReporter:
+    """Logs each task attempt's state changes and the run's, given successive ``Run`` snapshots."""
+
+    def __init__(self, run_id: int, log: Log):
+        self.run_id = run_id
+        self.log = log
+        self.seen: dict[tuple[str, int], str] = {}
+        self.run_state = ""
+
+    def __call__(self, run: Any) -> None:
+        for task in run.tasks or []:
+            # A retried task shows up once per attempt; report each attempt's transitions.
+            attempt = task.attempt_number or 0
+            text = _state_text(task.state)
+            if self.seen.get((task.task_key, attempt)) != text:
+                self.seen[(task.task_key, attempt)] = text
+                label = f"{task.task_key}{f' (retry {attempt})' if attempt else ''}"
+                failed = task.state and task.state.result_state and task.state.result_state.value != "SUCCESS"
+                detail = f": {task.state.state_message}" if failed and task.state.state_message else ""
+                self.log(f"  {label}: {text}{detail}")
+        current = _state_text(run.state)
+        if current != self.run_state:
+            self.run_state = current
+            self.log(f"run {self.run_id}: {current}")
+
+
 def run_job(
     job_name_or_id: str | int | None,
     params: dict[str, str] | None = None,
@@ -201,14 +196,17 @@ def run_job(
     *,
     profile: str | None = None,
     client: WorkspaceClient | None = None,
-    poll_seconds: float = 10.0,
-    timeout_seconds: float | None = None,
+    timeout: timedelta = timedelta(hours=2),
 ) -> int:
     """Trigger the deployed job (``run_now``) and, with ``follow``, report each task's state changes.
 
-    Returns 0 when the run succeeded (or was only triggered, without ``follow``), 1 when it ended
-    otherwise. Raises ``RemoteAuthError`` without any network call when no workspace is configured.
+    Following is the SDK's own waiter (``run_now(...).result(timeout, callback)``: it polls the run with
+    back-off until it is TERMINATED or SKIPPED). Returns 0 when the run succeeded (or was only triggered,
+    without ``follow``), 1 when it ended otherwise or was still running after ``timeout`` (it goes on in
+    the workspace). Raises ``RemoteAuthError`` without any network call when no workspace is configured.
     """
+    from databricks.sdk.errors import OperationFailed
+
     w = client or workspace_client(profile)
     job = find_job(w, job_name_or_id or DEFAULT_JOB)
     waiter = w.jobs.run_now(job.job_id, job_parameters=dict(params or {}) or None)
@@ -218,33 +216,20 @@ def run_job(
     if not follow:
         return 0
 
-    seen: dict[tuple[str, int], str] = {}
-    run_state = ""
-    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
-    while True:
-        for task in run.tasks or []:
-            # A retried task shows up once per attempt; report each attempt's transitions.
-            attempt = task.attempt_number or 0
-            text = _state_text(task.state)
-            if seen.get((task.task_key, attempt)) != text:
-                seen[(task.task_key, attempt)] = text
-                label = f"{task.task_key}{f' (retry {attempt})' if attempt else ''}"
-                failed = task.state and task.state.result_state and task.state.result_state.value != "SUCCESS"
-                detail = f": {task.state.state_message}" if failed and task.state.state_message else ""
-                log(f"  {label}: {text}{detail}")
-        current = _state_text(run.state)
-        if current != run_state:
-            run_state = current
-            log(f"run {run_id}: {current}")
-        life = run.state.life_cycle_state.value if run.state and run.state.life_cycle_state else ""
-        if life in _TERMINAL_RUN_STATES:
-            ok = bool(run.state.result_state and run.state.result_state.value == "SUCCESS")
-            return 0 if ok else 1
-        if deadline is not None and time.monotonic() > deadline:
-            log(f"run {run_id}: still {current} after {timeout_seconds:.0f}s; it goes on in the workspace")
-            return 1
-        time.sleep(poll_seconds)
-        run = w.jobs.get_run(run_id)
+    report = _RunReporter(run_id, log)
+    report(run)
+    try:
+        # The waiter calls back with every non-final snapshot and returns the final one.
+        final = waiter.result(timeout=timeout, callback=report)
+    except TimeoutError:
+        log(f"run {run_id}: still {report.run_state} after {timeout}; it goes on in the workspace")
+        return 1
+    except OperationFailed as err:  # INTERNAL_ERROR: the run cannot finish
+        log(f"run {run_id}: {err}")
+        return 1
+    report(final)
+    ok = bool(final.state and final.state.result_state and final.state.result_state.value == "SUCCESS")
+    return 0 if ok else 1
 
 
 # ---- reading alerts ------------------------------------------------------------------------------------
@@ -358,7 +343,7 @@ def cmd_remote_run(args: argparse.Namespace) -> int:
 
     def run() -> int:
         client = workspace_client(args.profile)
-        return run_job(args.job, dict(args.param), follow=args.follow, client=client, poll_seconds=args.poll_seconds)
+        return run_job(args.job, dict(args.param), follow=args.follow, client=client, timeout=timedelta(minutes=args.timeout_minutes))
 
     try:
         return _guarded(run)
@@ -396,6 +381,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected more than 0 minutes, got {text}")
+    return value
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``remote run`` and ``remote alerts`` on the ``rulewatch`` parser."""
     remote = subparsers.add_parser("remote", help="the deployed bundle job on a Databricks workspace")
@@ -405,7 +400,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("job", nargs="?", help=f"bundle job key, job name (a '[dev <user>] ' prefix is allowed) or job id (default: {DEFAULT_JOB})")
     run.add_argument("--param", type=_key_value, action="append", default=[], metavar="K=V", help="job parameter for this run (repeatable)")
     run.add_argument("--no-follow", dest="follow", action="store_false", help="print the run id and URL and return at once")
-    run.add_argument("--poll-seconds", type=float, default=10.0, help="how often to check the run while following")
+    run.add_argument(
+        "--timeout-minutes", type=_positive_minutes, default=120, help="stop following (exit 1) after this long; the run goes on (default: 120)"
+    )
     run.add_argument("--profile", help="~/.databrickscfg profile (default: DATABRICKS_CONFIG_PROFILE, else the environment or [DEFAULT])")
     run.set_defaults(func=cmd_remote_run)
 
