@@ -21,6 +21,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.map_state_client import MapStateClient
 from pyspark.sql.streaming.stateful_processor import MapState
@@ -377,3 +379,45 @@ def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switc
     assert final["alerts"] and final["late_events"] and final["state:history"] and final["state:true"]
     # The timers purged the first batches' keys: only the last two batches' payees are left.
     assert len(final["state:history"]) < (100 if not slots else 2 * slots + 1)
+
+
+# ---- request bytes: the shortcuts give exactly pyspark's bytes, or are not taken -------------------
+
+
+def _pyspark_client() -> StatefulProcessorApiClient:
+    from pyspark.serializers import CPickleSerializer
+
+    api = StatefulProcessorApiClient.__new__(StatefulProcessorApiClient)  # its serialisers need no socket
+    api.pickleSer = CPickleSerializer()
+    return api
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.text(max_size=300), value=st.binary(max_size=70_000), name=st.text(min_size=1, max_size=40))
+def test_plain_pickle_and_concatenated_fields_give_pysparks_bytes(key, value, name):
+    import numpy as np
+    import pyspark.sql.streaming.proto.StateMessage_pb2 as pb
+
+    api = _pyspark_client()
+    keys, values = state_batch._Encoder(api, KEY), state_batch._Encoder(api, BLOB)
+    requests = state_batch._Requests(pb, name)
+    assert keys.fast and values.fast and requests.fast
+    for row in [(key,), (np.str_(key),)]:  # a numpy string is normalised by pyspark first
+        assert keys(row) == api._serialize_to_bytes(KEY, row)
+    assert values((value,)) == api._serialize_to_bytes(BLOB, (value,))
+    k, v = keys((key,)), values((value,))
+    call = lambda **c: pb.StateRequest(stateVariableRequest=pb.StateVariableRequest(mapStateCall=pb.MapStateCall(stateName=name, **c))).SerializeToString()  # noqa: E731
+    assert requests.get(k) == call(getValue=pb.GetValue(userKey=k))
+    assert requests.update(k, v) == call(updateValue=pb.UpdateValue(userKey=k, value=v))
+    assert requests.remove(k) == call(removeKey=pb.RemoveKey(userKey=k))
+
+
+def test_a_schema_that_needs_conversion_keeps_pysparks_serialiser():
+    from pyspark.sql.types import TimestampType
+
+    api = _pyspark_client()
+    schema = StructType([StructField("at", TimestampType())])
+    encoder = state_batch._Encoder(api, schema)
+    row = (datetime(2026, 11, 24, 5, 0),)
+    assert not encoder.fast
+    assert encoder(row) == api._serialize_to_bytes(schema, row) != pickle.dumps(row)

@@ -8,6 +8,8 @@ the first occurrence wins).
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import time
 from typing import Any
@@ -72,12 +74,15 @@ def _json_type(name: str) -> Column:
     return F.split(F.expr(f"schema_of_variant(v:{name})"), "<")[0]
 
 
-def _wrong_types() -> list[tuple[Column, Column]]:
-    """Text fields given as an object, array or boolean (numbers are fine as ids: 123 is "123")."""
-    # Only text that could be one (from_json hands an object, array or boolean over as its JSON text)
-    # pays for the variant's type.
+def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
+    """Text fields given as an object, array or boolean (numbers are fine as ids: 123 is "123").
+
+    ``flat``: the line has no nested object or array (``_flat_object``)."""
+    # Only a line that could hold one, and then only text that could be one (from_json hands an
+    # object, array or boolean over as its JSON text), pays for the variant's type.
+    maybe = ~flat | F.col("value").contains("true") | F.col("value").contains("false")
     suspect = {
-        f: F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False))
+        f: maybe & F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False))
         for f in TEXT_FIELDS
     }
     return [
@@ -103,9 +108,15 @@ def _brackets(text: Column) -> Column:
 
 def _flat_object(value: Column) -> Column:
     """The line is ``{...}`` with no other bracket anywhere: then it is one object and nothing after
-    it (its one ``}`` closes the object and ends the line), whatever its strings hold; no regex needed."""
-    trimmed = F.trim(value, F.lit(WHITESPACE))
-    return trimmed.startswith("{") & trimmed.endswith("}") & (_brackets(value) == 2)
+    it (its one ``}`` closes the object and ends the line), whatever its strings hold. Substring
+    searches only, no regex and no copy: this runs on every line."""
+    return (
+        value.startswith("{")
+        & (F.locate("{", value, 2) == 0)
+        & (F.instr(value, "}") == F.length(value))
+        & ~value.contains("[")
+        & ~value.contains("]")
+    )
 
 
 def _one_object(skeleton: Column, parsed: Column) -> Column:
@@ -218,13 +229,15 @@ def parse(bronze: DataFrame) -> DataFrame:
             _text("paymentType").isNotNull() & ~_text("paymentType").isin(*allowed_types),
             F.concat(F.lit("unknown paymentType '"), _text("paymentType"), F.lit(f"' (allowed: {', '.join(allowed_types)})")),
         ),
-        *_wrong_types(),
+        *_wrong_types(F.col("_flat")),
     ]
     # A line that is not one JSON object fails every check that reads a field; report only the cause.
     cause = F.coalesce(*[F.when(cond, msg) for cond, msg in causes])
     # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
     failed = F.array_except(F.array(*[F.when(cond, msg) for cond, msg in checks]), F.array(F.lit(None).cast("string")))
-    reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(failed)
+    # Most lines pass every check: the array of reasons is built only for a line that failed one.
+    any_failed = functools.reduce(operator.or_, [F.coalesce(cond, F.lit(False)) for cond, _ in checks])
+    reasons = F.when(cause.isNotNull(), F.array(cause)).when(any_failed, failed).otherwise(F.array().cast("array<string>"))
     typed = [
         F.trim(_text("transactionId")).alias("transaction_id"),
         event_time.alias("event_time"),
