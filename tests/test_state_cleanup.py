@@ -51,3 +51,23 @@ def test_idle_keys_are_purged_and_active_keys_kept(spark, tmp_path):
     remaining, removed_then = _state_rows(spark, lakehouse)
     assert removed_first + removed_then >= 100
     assert remaining < 10
+
+
+@pytest.mark.spark
+def test_a_key_indexed_under_a_narrow_rule_is_kept_for_a_wider_rule_added_later(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_silver_tables(spark, lakehouse)
+    apply_rules(spark, lakehouse, [parse_rule(RULE)])
+    _land(spark, lakehouse, [("a1", 0, "k")])
+    _state_rows(spark, lakehouse)  # k indexed to expire an hour after its event
+    # A 5 h rule arrives; then the watermark passes k's first expiry while its 5 h window still needs it.
+    wide = {**RULE, "ruleId": 2, "limit": 1.5, "window": "5h"}
+    apply_rules(spark, lakehouse, [parse_rule(RULE), parse_rule(wide)])
+    for tid, minute in [("z1", 180), ("z2", 181)]:
+        _land(spark, lakehouse, [(tid, minute, f"other-{tid}")])
+        _state_rows(spark, lakehouse)
+    _land(spark, lakehouse, [("a2", 200, "k")])
+    _state_rows(spark, lakehouse)
+    alerts = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 2").collect()
+    # a1 (minute 0) is inside a2's 5 h window: 1 + 1 > 1.5.
+    assert [(a.transaction_id, a.group_key) for a in alerts] == [("a2", "k")]

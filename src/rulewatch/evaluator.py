@@ -14,6 +14,7 @@ State per shard:
 
 from __future__ import annotations
 
+import json
 import pickle
 import zlib
 from typing import Any, Iterable, Iterator, Mapping
@@ -77,6 +78,28 @@ def expiry_buckets(expiry_ms: dict[str, int], steps: dict[str, int], max_entries
         if len(buckets) <= max_entries:
             return buckets
         factor *= 2
+
+
+# First line of an expiry index entry: the span (retention or memory, whichever is longer) each
+# keyset's keys were indexed with, as JSON. Entries written before it have none: their keys are read.
+_SPANS = "\x01"
+
+
+def _span(book: RuleBook, keyset: str) -> int:
+    return max(book.retention_ms(keyset), book.memory_ms(keyset))
+
+
+def _entry(spans: dict[str, int] | None, keys: set[str]) -> str:
+    lines = sorted(keys)
+    return "\n".join(lines if spans is None else [_SPANS + json.dumps(spans, sort_keys=True), *lines])
+
+
+def _read_entry(text: str) -> tuple[dict[str, int] | None, set[str]]:
+    """An index entry's spans (None: an entry from before they were kept) and keys."""
+    lines = text.split("\n")
+    if lines[0].startswith(_SPANS):
+        return json.loads(lines[0][len(_SPANS):]), set(lines[1:])
+    return None, set(lines)
 
 
 class HistoryStore:
@@ -232,10 +255,14 @@ class RuleProcessor(StatefulProcessor):
                 eighth = book.retention_ms(keyset) // 8
                 steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
         for bucket, keys in expiry_buckets(expiry_ms, steps).items():
+            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in {key.split(KEY_SEPARATOR, 1)[0] for key in keys}}
             existing = self.expiry.getValue((bucket,))
             if existing:
-                keys |= set(existing[0].split("\n"))
-            self.expiry.updateValue((bucket,), ("\n".join(sorted(keys)),))
+                old_spans, old_keys = _read_entry(existing[0])
+                keys |= old_keys
+                # The narrowest span any of its keys was indexed with; an old entry stays without.
+                spans = None if old_spans is None else {**old_spans, **{ks: min(span, old_spans.get(ks, span)) for ks, span in spans.items()}}  # type: ignore[union-attr]
+            self.expiry.updateValue((bucket,), (_entry(spans, keys),))
             self.handle.registerTimer(bucket)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
@@ -281,9 +308,18 @@ class RuleProcessor(StatefulProcessor):
         self.expiry.removeKey((at,))
         watermark = timerValues.getCurrentWatermarkInMs()
         book = self._book()
-        still_alive: dict[str, int] = {}
+        spans, keys = _read_entry(entry[0]) if entry else ({}, set())
         purged: dict[str, bytes | None] = {}
-        for state_key, blob in self.history.get_many(entry[0].split("\n") if entry else []).items():
+        if spans is not None and watermark > at:
+            # A key indexed again under a later time was touched since (it is checked then); any
+            # other key's newest expiry is at or before this time, so it goes unread, unless a
+            # rule wider than the ones it was indexed with has arrived since.
+            later = set().union(*(_read_entry(value[0])[1] for (time,), value in self.expiry.iterator() if time > at))
+            unread = {k for k in keys - later if _span(book, k.split(KEY_SEPARATOR, 1)[0]) <= spans.get(k.split(KEY_SEPARATOR, 1)[0], -1)}
+            purged = dict.fromkeys(unread)
+            keys -= later | unread
+        still_alive: dict[str, int] = {}
+        for state_key, blob in self.history.get_many(keys).items():
             if blob is None:
                 continue
             cols, memory = decode_history(blob)

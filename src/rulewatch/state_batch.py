@@ -168,9 +168,17 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """One length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+_SHORT = [bytes((n,)) for n in range(0x80)]  # the varint of a length below 128: most keys and requests
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """One length-delimited protobuf field; ``tag`` from ``_tag``."""
+    n = len(payload)
+    return tag + (_SHORT[n] if n < 0x80 else _varint(n)) + payload
+
+
+def _tag(number: int) -> bytes:
+    return _varint(number << 3 | 2)
 
 
 class _Requests:
@@ -184,7 +192,7 @@ class _Requests:
             return getattr(proto, message).DESCRIPTOR.fields_by_name[name].number
 
         self._n = {
-            (m, f): number(m, f)
+            (m, f): _tag(number(m, f))
             for m, fields in _PROTO_FIELDS.items() if m != "StateResponse"
             for f in fields
         }  # fmt: skip
