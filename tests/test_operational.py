@@ -186,3 +186,27 @@ def test_transactions_that_are_a_file_are_refused_before_spark(tmp_path, capsys)
     assert code == 2
     assert err == f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it\n"
     assert not (tmp_path / "lakehouse").exists()
+
+
+@pytest.mark.parametrize("content", [None, '[{"ruleId": 1, "groupingKeyNames": ["payeeId"]}]'], ids=["missing", "invalid"])
+def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
+    rules = tmp_path / "rules.json"
+    if content is not None:
+        rules.write_text(content)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    args = ["run", "--lakehouse", str(tmp_path / "lakehouse"), "--transactions", str(landing), "--rules", str(rules)]
+    code, err = cli(args, capsys)
+    assert code == 2
+    assert err.startswith("rulewatch: ") and str(rules) in err
+    assert ("cannot be read" in err) if content is None else ("aggregateFieldName" in err)
+    assert not (tmp_path / "lakehouse").exists()  # refused before the lakehouse (and Spark) was touched
+
+
+def test_a_run_without_an_active_rule_warns_first():
+    from rulewatch.pipeline import NO_RULES_WARNING, Summary
+
+    quiet = Summary(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0, active_rules=0)
+    assert quiet.lines()[0] == NO_RULES_WARNING and "active rules     0" in quiet.lines()
+    ruled = Summary(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0, active_rules=2)
+    assert NO_RULES_WARNING not in ruled.lines() and "active rules     2" in ruled.lines()

@@ -114,6 +114,7 @@ def test_rerun_continues_from_checkpoints(spark, tmp_path):
     (run.landing / "day2.jsonl").write_text("\n".join(json.dumps(x) for x in new_lines) + "\n")
     _, summary = run_all(spark, lakehouse, str(run.landing), log=lambda _: None)
     assert (summary.bronze, summary.silver, summary.duplicates) == (57, 48, 3)
+    assert summary.active_rules == 3  # fixtures/rules.json: three ACTIVE, one paused
     after = spark.read.format("delta").load(lakehouse.alerts)
     assert after.count() == after.select("alert_id").distinct().count()
     new = after.where(~F.col("alert_id").isin(list(before))).collect()

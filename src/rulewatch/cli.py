@@ -14,7 +14,7 @@ from rulewatch.landing import LandingError
 from rulewatch.live import add_cli as add_live_cli
 from rulewatch.remote import add_cli as add_remote_cli
 from rulewatch.report import add_cli as add_report_cli
-from rulewatch.rules import RuleSetError
+from rulewatch.rules import RuleSetError, load_rules_file
 from rulewatch.rules_cli import add_cli as add_rules_cli
 from rulewatch.rules_table import RulesConflict
 
@@ -32,6 +32,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not landing.is_dir():
         print(f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
         return 2
+    if args.rules:
+        load_rules_file(args.rules)  # every mistake in the file reported now, not after Spark has started
     settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness)
     lakehouse = Lakehouse(args.lakehouse)
     with exclusive(lakehouse):

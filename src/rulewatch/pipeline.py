@@ -65,6 +65,12 @@ def run_gold(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings =
     _run(start_gold(spark, lakehouse, settings), "gold", log)
 
 
+NO_RULES_WARNING = (
+    "WARNING: no ACTIVE rule in config/rules, so nothing was evaluated and no alert could be raised; "
+    "add rules with --rules FILE or `rulewatch rules apply`"
+)
+
+
 @dataclass
 class Summary:
     bronze: int
@@ -76,6 +82,7 @@ class Summary:
     alerts_per_rule: dict[int, int] = field(default_factory=dict)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     landing: LandingReport = field(default_factory=LandingReport)
+    active_rules: int | None = None  # ACTIVE rows in config/rules after the run (None: not counted)
 
     @property
     def balanced(self) -> bool:
@@ -88,7 +95,10 @@ class Summary:
 
     def lines(self) -> list[str]:
         check = "ok" if self.balanced else "MISMATCH"
+        # Zero alerts from zero rules is not safety: say so first, where it cannot be missed.
+        warning = [NO_RULES_WARNING] if self.active_rules == 0 else []
         out = [
+            *warning,
             *self.landing.lines(),
             f"bronze rows      {self.bronze}",
             f"silver rows      {self.silver}",
@@ -98,6 +108,7 @@ class Summary:
             f"  every landed file read whole: {'ok' if not self.landing.problems else f'NO ({len(self.landing.problems)} file(s) above)'}",
             f"late events      {self.late}",
             f"alerts           {self.alerts}",
+            *([f"active rules     {self.active_rules}"] if self.active_rules is not None else []),
         ]
         out += [f"  rule {rule_id}: {n} alert(s)" for rule_id, n in sorted(self.alerts_per_rule.items())]
         if self.quarantine_reasons:
@@ -122,6 +133,7 @@ def summarize(spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport 
         alerts_per_rule={r["rule_id"]: r["count"] for r in alerts.groupBy("rule_id").count().collect()},
         quarantine_reasons={r["reason"]: r["count"] for r in quarantine.groupBy("reason").count().collect()},
         landing=landing or LandingReport(),
+        active_rules=read(lakehouse.rules).where(F.col("ruleState") == "ACTIVE").count(),
     )
 
 
