@@ -256,7 +256,13 @@ def test_tasks_get_the_wheel_on_a_declared_cluster_and_only_stream_tasks_retry(j
 
 # The schema `databricks bundle schema` prints, copied as data (see its README); never skipped: a missing
 # file fails the test, since the CLI itself cannot run here.
-SCHEMA_PATH = Path(os.environ.get("RULEWATCH_BUNDLE_SCHEMA", ROOT.parent / "shared" / "databricks" / "bundle-jsonschema.json"))
+# Looked for beside the checkout (../shared), then where this machine kind keeps shared/ (a CI clone may
+# sit elsewhere).
+_SCHEMA_PLACES = [ROOT.parent / "shared", Path("/work/shared")]
+SCHEMA_PATH = Path(
+    os.environ.get("RULEWATCH_BUNDLE_SCHEMA")
+    or next((p for p in (d / "databricks" / "bundle-jsonschema.json" for d in _SCHEMA_PLACES) if p.is_file()), _SCHEMA_PLACES[0] / "databricks" / "bundle-jsonschema.json")
+)
 TARGETS = target_names(ROOT)
 SERVICE_PRINCIPAL = "6a1f3c2e-0000-4000-8000-000000000001"  # an application id, as a service principal's user name is
 # Who deploys each target, as docs/deploy.md says: a developer for dev, the service principal (from CI) for prod.
