@@ -8,8 +8,6 @@ the first occurrence wins).
 
 from __future__ import annotations
 
-import functools
-import operator
 import os
 import time
 from typing import Any
@@ -235,9 +233,7 @@ def parse(bronze: DataFrame) -> DataFrame:
     cause = F.coalesce(*[F.when(cond, msg) for cond, msg in causes])
     # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
     failed = F.array_except(F.array(*[F.when(cond, msg) for cond, msg in checks]), F.array(F.lit(None).cast("string")))
-    # Most lines pass every check: the array of reasons is built only for a line that failed one.
-    any_failed = functools.reduce(operator.or_, [F.coalesce(cond, F.lit(False)) for cond, _ in checks])
-    reasons = F.when(cause.isNotNull(), F.array(cause)).when(any_failed, failed).otherwise(F.array().cast("array<string>"))
+    reasons = F.when(cause.isNotNull(), F.array(cause)).otherwise(failed)
     typed = [
         F.trim(_text("transactionId")).alias("transaction_id"),
         event_time.alias("event_time"),
