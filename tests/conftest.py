@@ -24,7 +24,8 @@ def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=N
     """Lines as bronze rows (valid UTF-8, numbered in order), for silver tests without a landing folder."""
     from rulewatch.schema import BRONZE
 
-    return spark.createDataFrame([(line, source, ingest_time, i, None, None, None) for i, line in enumerate(lines)], BRONZE)
+    unset = (None,) * (len(BRONZE.fields) - 4)  # exact bytes, file size and time, Kafka coordinates
+    return spark.createDataFrame([(line, source, ingest_time, i, *unset) for i, line in enumerate(lines)], BRONZE)
 
 
 @dataclass
@@ -54,3 +55,14 @@ def fixture_run(spark, tmp_path_factory) -> PipelineRun:
 @pytest.fixture(scope="session")
 def expected_alerts() -> list[dict]:
     return json.loads((FIXTURES / "expected_alerts.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real local Kafka broker (KRaft) for the session; yields its bootstrap address."""
+    from rulewatch.kafka import broker
+
+    directory = tmp_path_factory.mktemp("kafka")
+    started = broker.start(directory)
+    yield started.bootstrap
+    broker.stop(directory)

@@ -227,7 +227,7 @@ def test_job_has_a_timeout_health_rules_and_tags(job_key):
     definition = BUNDLE.jobs[job_key].definition
     assert 0 < definition["timeout_seconds"] <= 4 * 3600
     rules = {r["metric"]: r for r in definition["health"]["rules"]}
-    assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES"}
+    assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"}
     assert all(r["op"] == "GREATER_THAN" and r["value"] > 0 for r in rules.values())
     # The duration warning fires before the timeout cancels the run.
     assert rules["RUN_DURATION_SECONDS"]["value"] < definition["timeout_seconds"]

@@ -87,13 +87,14 @@ def _reap(group: int) -> None:
     raise AssertionError(f"process group {group} survived SIGKILL")
 
 
-def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:
-    """One ``rulewatch run``; returns its exit code (-9 when killed)."""
+def attempt(
+    lakehouse: Lakehouse, source: list[str], crash_at: str | None = None, kill_after: float | None = None, extra: list[str] = ()
+) -> int:
+    """One ``rulewatch run`` over ``source`` (its options); returns its exit code (-9 when killed)."""
     env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
-    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root,
-               "--transactions", str(landing), "--rules", RULES]  # fmt: skip
+    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=kill_after or 600)
@@ -106,6 +107,10 @@ def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, k
         errors = [line[:400] for line in output.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
         raise AssertionError(f"attempt {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
     return process.returncode
+
+
+def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:
+    return attempt(lakehouse, ["--transactions", str(landing)], crash_at, kill_after)
 
 
 def _next_gold_batch(lakehouse: Lakehouse) -> int:

@@ -169,7 +169,7 @@ def test_a_landing_folder_that_holds_the_lakehouse_or_is_not_the_one_ingested_is
     check_landing(lakehouse, str(landing))
     moved = tmp_path / "lakehouse" / "landing"
     os.rename(landing, moved)
-    with pytest.raises(LandingError, match=f"ingests the landing folder {landing}, not {moved}"):
+    with pytest.raises(LandingError, match=f"ingests the landing folder {landing}, not the landing folder {moved}"):
         check_landing(lakehouse, str(moved))
     with pytest.raises(LandingError, match="is not a folder"):
         check_landing(lakehouse, str(tmp_path / "rules.json"))

@@ -1,4 +1,4 @@
-"""Bronze: every landed line, untouched, plus where and when it came in."""
+"""Bronze: every landed line (or Kafka record), untouched, plus where and when it came in."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.landing import check_landing, check_recorded_source
 from rulewatch.metrics import ensure_metrics_table, record
 from rulewatch.session import is_databricks
 from rulewatch.sinks import append_once
@@ -45,12 +47,30 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
     )
 
 
+# A landing folder (path) or a Kafka topic.
+Source = str | KafkaSource
+
+
+def read_source(spark: SparkSession, source: Source) -> DataFrame:
+    return read_kafka(spark, source) if isinstance(source, KafkaSource) else read_landing(spark, source)
+
+
+def check_source(lakehouse: Lakehouse, source: Source) -> None:
+    """Refuse a source this lakehouse cannot ingest (landing.py says which and why)."""
+    if isinstance(source, KafkaSource):
+        check_recorded_source(lakehouse, source.identity)
+    else:
+        check_landing(lakehouse, source)
+
+
 def numbered(batch: DataFrame) -> DataFrame:
-    """Number the lines of a landing micro-batch (``ingest_seq``).
+    """Number the lines of a landing micro-batch (``ingest_seq``); Kafka records keep their offset.
 
     Numbered in batch context (streams cannot), so "first occurrence wins" follows the order of
     lines within a file.
     """
+    if "ingest_seq" in batch.columns:
+        return batch
     return batch.withColumn("ingest_seq", F.monotonically_increasing_id())
 
 
@@ -77,15 +97,15 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
 
 def start_bronze(
     spark: SparkSession,
-    landing: str,
+    source: Source,
     lakehouse: Lakehouse,
     available_now: bool = True,
     processing_time: str | None = None,
 ) -> StreamingQuery:
-    """Append landed lines to ``bronze/transactions``, idempotently per micro-batch."""
+    """Append landed lines (or Kafka records) to ``bronze/transactions``, idempotently per micro-batch."""
     ensure_metrics_table(spark, lakehouse)
     writer = (
-        read_landing(spark, landing)
+        read_source(spark, source)
         .writeStream.queryName("rulewatch_bronze")
         .option("checkpointLocation", lakehouse.checkpoint("bronze"))
         .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))

@@ -9,6 +9,10 @@ from pathlib import Path
 from rulewatch import arguments
 from rulewatch.checkpoints import CheckpointError
 from rulewatch.jobs import add_cli as add_job_cli
+from rulewatch.kafka import arguments as kafka_arguments
+from rulewatch.kafka.cli import add_cli as add_kafka_cli
+from rulewatch.kafka.client import KafkaConfigError
+from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import LakehouseBusy, LakehouseUnwritable
 from rulewatch.landing import LandingError
 from rulewatch.live import add_cli as add_live_cli
@@ -25,21 +29,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rulewatch.pipeline import latest_alerts, run_all
     from rulewatch.session import get_spark
 
-    landing = Path(args.transactions)
-    if not landing.exists():
-        print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
+    source: str | KafkaSource | None = kafka_arguments.source(args)
+    if bool(source) == bool(args.transactions):
+        print("rulewatch: give the transactions either as --transactions FOLDER or as --kafka-topic TOPIC (with --kafka-bootstrap)", file=sys.stderr)
         return 2
-    if not landing.is_dir():
-        print(f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
-        return 2
+    if source is None:
+        landing = Path(args.transactions)
+        if not landing.exists():
+            print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
+            return 2
+        if not landing.is_dir():
+            print(f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
+            return 2
+        source = str(landing.resolve())
     if args.rules:
         load_rules_file(args.rules)  # every mistake in the file reported now, not after Spark has started
-    settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness)
+    settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness, alerts_topic=kafka_arguments.alerts_topic(args))
     lakehouse = Lakehouse(args.lakehouse)
     with exclusive(lakehouse):
         spark = get_spark()
         print(f"rulewatch: lakehouse {lakehouse.root}")
-        _, summary = run_all(spark, lakehouse, str(landing.resolve()), args.rules, settings)
+        _, summary = run_all(spark, lakehouse, source, args.rules, settings)
     print("\n".join(summary.lines()))
     if summary.alerts:
         print("alerts (first 20 by event time):")
@@ -107,10 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="process everything landed once (bronze -> silver -> gold) and summarise")
     run.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
-    run.add_argument("--transactions", required=True, help="landing folder of JSON-lines transaction files")
+    run.add_argument("--transactions", help="landing folder of JSON-lines transaction files (or --kafka-topic)")
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
     run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call")
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    kafka_arguments.add_options(run)
     run.set_defaults(func=_cmd_run)
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
     bench.add_argument("--events", type=int, default=200_000)
@@ -128,11 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_cli(sub)
     add_report_cli(sub)
     add_live_cli(sub)
+    add_kafka_cli(sub)
     return parser
 
 
 # Errors that say what is wrong and how to fix it: the message is all the user needs, not a traceback.
-USER_ERRORS = (RuleSetError, RulesConflict, LakehouseBusy, LakehouseUnwritable, LandingError, CheckpointError)
+USER_ERRORS = (RuleSetError, RulesConflict, LakehouseBusy, LakehouseUnwritable, LandingError, CheckpointError, KafkaConfigError)
 
 
 def main(argv: list[str] | None = None) -> int:

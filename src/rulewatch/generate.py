@@ -244,20 +244,36 @@ class GenerateResult:
         return self.events / self.seconds if self.seconds else 0.0
 
 
+# Where a tick's events go: ``(name, events)``; a folder gets one file per tick, a topic one record per event.
+Emit = Callable[[str, list[dict[str, Any]]], None]
+
+
+def to_folder(landing: Path) -> Emit:
+    """Land each tick's events as one JSON-lines file, written whole (landing contract)."""
+    landing.mkdir(parents=True, exist_ok=True)
+
+    def emit(name: str, events: list[dict[str, Any]]) -> None:
+        _write_atomically(landing / name, [json.dumps(event, separators=(",", ":")) for event in events])
+
+    return emit
+
+
 def run(
     config: GeneratorConfig,
-    landing: Path,
+    landing: Path | Emit,
     labels: Path,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.time,
 ) -> GenerateResult:
     """Land ``config.rate`` events/s into ``landing`` for ``config.duration`` seconds (or until ``stop``).
 
-    One file per ``file_interval`` holds everything due by then; a file that carries the start of a
-    pattern instance gets a labels file of the same name in ``labels``.
+    ``landing``: a folder, or an ``Emit`` (kafka/produce.py sends to a topic). Everything due by
+    each ``file_interval`` goes out together (one file); a tick that carries the start of a pattern
+    instance gets a labels file of the same name in ``labels``.
     """
-    check_folders(landing, labels)
-    landing.mkdir(parents=True, exist_ok=True)
+    if isinstance(landing, Path):
+        check_folders(landing, labels)
+        landing = to_folder(landing)
     labels.mkdir(parents=True, exist_ok=True)
     stop = stop or threading.Event()
     generator = Generator(config)
@@ -272,7 +288,7 @@ def run(
             _write_atomically(labels / name, [json.dumps(asdict(label)) for label in new_labels])
             labelled += len(new_labels)
         if events:
-            _write_atomically(landing / name, [json.dumps(event, separators=(",", ":")) for event in events])
+            landing(name, events)
             files += 1
         stop.wait(max(0.0, started + ticks * config.file_interval - clock()))
     return GenerateResult(generator.emitted, files, labelled, clock() - started)

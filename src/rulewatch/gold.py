@@ -19,13 +19,15 @@ from rulewatch import schema
 from rulewatch.commands import command_stream, ensure_commands_table
 from rulewatch.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.evaluator import RuleProcessor
+from rulewatch.kafka import alerts as kafka_alerts
+from rulewatch.kafka.client import KafkaTopic
 from rulewatch.keying import fan_out, keysets
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
 from rulewatch.silver import FUTURE_TOLERANCE_ENV, future_tolerance
-from rulewatch.sinks import append_once, batch_column, ensure_table
+from rulewatch.sinks import crash_point, append_once, batch_column, ensure_table
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class GoldSettings:
     cleanup_granularity: str = "1m"
     max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
     state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
+    alerts_topic: KafkaTopic | None = None  # also publish alerts here (at least once; kafka/alerts.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= 4096:
@@ -112,7 +115,13 @@ def _ts(col: str) -> F.Column:
 StateTotals = Callable[[], tuple[int | None, int | None]]
 
 
-def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_totals: StateTotals | None = None) -> None:
+def write_batch(
+    out: DataFrame,
+    batch_id: int,
+    lakehouse: Lakehouse,
+    state_totals: StateTotals | None = None,
+    alerts_topic: KafkaTopic | None = None,
+) -> None:
     """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
     started = time.time()
     out = out.persist()
@@ -178,6 +187,10 @@ def write_batch(out: DataFrame, batch_id: int, lakehouse: Lakehouse, state_total
         ]:
             append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
             written[lakehouse.name_of(path)] = rows
+            if sink == "alerts" and alerts_topic and rows:
+                # After the Delta commit, so a replay re-publishes rather than loses (at least once).
+                kafka_alerts.publish(alerts, alerts_topic)
+                crash_point("rulewatch.kafka.alerts", batch_id, "after")
         committed_ms = round(time.time() * 1000)
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         record(
@@ -259,7 +272,7 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     holder["query"] = writer.start()

@@ -39,11 +39,11 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
         lines.unpersist()
 
 
-def start_ingest(spark: SparkSession, landing: str, lakehouse: Lakehouse, processing_time: str) -> StreamingQuery:
-    """Landing folder -> bronze + silver continuously (the tables must exist: ``ensure_all_tables``)."""
+def start_ingest(spark: SparkSession, source: bronze.Source, lakehouse: Lakehouse, processing_time: str) -> StreamingQuery:
+    """Landing folder or Kafka topic -> bronze + silver continuously (the tables must exist: ``ensure_all_tables``)."""
     silver.ensure_silver_tables(spark, lakehouse)
     return (
-        bronze.read_landing(spark, landing)
+        bronze.read_source(spark, source)
         .writeStream.queryName("rulewatch_ingest")
         .option("checkpointLocation", lakehouse.checkpoint(QUERY))
         .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))

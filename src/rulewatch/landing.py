@@ -155,15 +155,29 @@ def check_landing(lakehouse: Lakehouse, landing: str) -> None:
             f"lakehouse {root} is inside the landing folder {folder}: its own table files would be read as "
             "landed lines. Keep the lakehouse outside the landing folder."
         )
+    check_recorded_source(lakehouse, str(folder))
+
+
+def _described(identity: str) -> str:
+    return f"Kafka topic {identity[len('kafka:'):]}" if identity.startswith("kafka:") else f"the landing folder {identity}"
+
+
+def check_recorded_source(lakehouse: Lakehouse, identity: str) -> None:
+    """Refuse a source other than the one this lakehouse has ingested; record it on first use.
+
+    ``identity``: a resolved landing folder, or ``kafka:<topic>``. A checkpoint's offsets mean
+    nothing for another source: files are remembered by path, Kafka offsets per topic partition.
+    """
+    root = Path(lakehouse.root)
     record = root / "_landing"
     if record.exists():
         ingested = record.read_text(encoding="utf-8").strip()
-        if ingested != str(folder):
+        if ingested != identity:
             raise LandingError(
-                f"lakehouse {root} ingests the landing folder {ingested}, not {folder}. Files are remembered by "
-                "path, so every file here would be ingested again. If the folder moved, move it back (or point "
-                "at it); for a different source use a new lakehouse."
+                f"lakehouse {root} ingests {_described(ingested)}, not {_described(identity)}. Its checkpoint "
+                "remembers what was read by path or offset, so another source would be read wrongly or twice. "
+                "If a folder moved, move it back (or point at it); for a different source use a new lakehouse."
             )
     else:
         root.mkdir(parents=True, exist_ok=True)
-        record.write_text(f"{folder}\n", encoding="utf-8")
+        record.write_text(f"{identity}\n", encoding="utf-8")

@@ -27,10 +27,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch import arguments, generate
+from rulewatch.bronze import Source, check_source
 from rulewatch.checkpoints import check_queries
-from rulewatch.landing import check_landing
 from rulewatch.gold import GoldSettings, start_gold
 from rulewatch.ingest import start_ingest
+from rulewatch.kafka import arguments as kafka_arguments
+from rulewatch.kafka.client import ensure_topic
+from rulewatch.kafka.produce import TopicWriter
+from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
 from rulewatch.pipeline import ensure_all_tables
@@ -73,13 +77,13 @@ def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]
                 spark.conf.set(key, value)
 
 
-def start_streams(spark: SparkSession, lakehouse: Lakehouse, landing: str, settings: LiveSettings) -> list[StreamingQuery]:
+def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold")  # a lost checkpoint would silently skip data
-    check_landing(lakehouse, landing)
+    check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with _session_confs(spark, partitions):
-        ingest = start_ingest(spark, landing, lakehouse, settings.trigger)
+        ingest = start_ingest(spark, source, lakehouse, settings.trigger)
         with _session_confs(spark, {NO_DATA_BATCHES: str(settings.gold_no_data_batches).lower()}):
             return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
 
@@ -421,7 +425,7 @@ class DemoReport:
 def demo(
     spark: SparkSession,
     lakehouse: Lakehouse,
-    landing: Path,
+    landing: Path | KafkaSource,
     labels: Path,
     config: generate.GeneratorConfig,
     settings: LiveSettings = LiveSettings(),
@@ -433,11 +437,18 @@ def demo(
     Halfway through the traffic a rule is edited (``edit_a_rule``) and the report times how soon
     gold evaluated with it. The caller applies the rules first (``DEMO_RULES``). Ctrl-C stops the
     generator and the streams cleanly and still reports what was scored so far.
+
+    ``landing``: a folder the generator writes files into, or a Kafka topic it produces to.
     """
-    generate.check_folders(landing, labels)
-    landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
+    if isinstance(landing, KafkaSource):
+        ensure_topic(landing.topic)  # the source needs it before the first event
+        source: Source = landing
+    else:
+        generate.check_folders(landing, labels)
+        landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
+        source = str(landing)
     monitor = _monitor(spark, lakehouse)
-    queries = monitor.queries = start_streams(spark, lakehouse, str(landing), settings)
+    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     change: RuleChangeTiming | None = None
@@ -446,7 +457,7 @@ def demo(
         log("waiting for the streams' first micro-batch ...")
         _wait_started(monitor)
         log(f"generating {config.rate:,.0f} events/s for {config.duration:.0f}s (run {config.run_id})")
-        generator = threading.Thread(target=lambda: result.append(generate.run(config, landing, labels, stop)), daemon=True)
+        generator = threading.Thread(target=lambda: result.append(_generate(config, landing, labels, stop)), daemon=True)
         generator.start()
         edit_at = time.monotonic() + config.duration / 2
         follow(monitor, lambda: not generator.is_alive() or time.monotonic() >= edit_at, log)
@@ -480,17 +491,24 @@ def demo(
     )
 
 
+def _generate(config: generate.GeneratorConfig, landing: Path | KafkaSource, labels: Path, stop: threading.Event) -> generate.GenerateResult:
+    if isinstance(landing, Path):
+        return generate.run(config, landing, labels, stop)
+    with TopicWriter(landing.topic) as writer:
+        return generate.run(config, writer, labels, stop)
+
+
 def stream(
     spark: SparkSession,
     lakehouse: Lakehouse,
-    landing: str,
+    source: Source,
     settings: LiveSettings = LiveSettings(),
     duration: float | None = None,
     log: Log = print,
 ) -> Monitor:
     """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
     monitor = _monitor(spark, lakehouse)
-    queries = monitor.queries = start_streams(spark, lakehouse, landing, settings)
+    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
     deadline = time.monotonic() + duration if duration else float("inf")
     try:
         follow(monitor, lambda: time.monotonic() > deadline, log)
@@ -507,7 +525,7 @@ def stream(
 def _settings(args: argparse.Namespace) -> LiveSettings:
     return LiveSettings(
         trigger=args.trigger,
-        gold=GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness),
+        gold=GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness, alerts_topic=kafka_arguments.alerts_topic(args)),
         shuffle_partitions=args.shuffle_partitions,
         gold_no_data_batches=args.gold_no_data_batches,
     )
@@ -533,21 +551,31 @@ def _config(args: argparse.Namespace, duration: float, run_id: str | None) -> ge
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    landing = Path(args.landing)
-    labels = Path(args.labels) if args.labels else landing.with_name(f"{landing.name}-labels")
+    kafka = kafka_arguments.source(args)
+    if bool(kafka) == bool(args.landing):
+        print("rulewatch: give where the traffic goes: --landing FOLDER or --kafka-topic TOPIC (with --kafka-bootstrap)", file=sys.stderr)
+        return 2
+    landing = Path(args.landing) if args.landing else None
+    labels = Path(args.labels) if args.labels else (landing.with_name(f"{landing.name}-labels") if landing else Path("labels"))
     try:
         config = _config(args, args.duration, args.run_id)
-        generate.check_folders(landing, labels)
+        if landing:
+            generate.check_folders(landing, labels)
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
-    print(f"rulewatch generate: run {config.run_id}, {config.rate:,.0f} events/s for {config.duration:.0f}s into {landing}, labels in {labels}")
+    target = landing or f"Kafka topic {kafka.topic.topic} at {kafka.topic.bootstrap}"
+    print(f"rulewatch generate: run {config.run_id}, {config.rate:,.0f} events/s for {config.duration:.0f}s into {target}, labels in {labels}")
     try:
-        result = generate.run(config, landing, labels)
+        if landing:
+            result = generate.run(config, landing, labels)
+        else:
+            with TopicWriter(kafka.topic) as writer:
+                result = generate.run(config, writer, labels)
     except KeyboardInterrupt:
         print("interrupted")
         return 130
-    print(f"{result.events:,} events in {result.files} files, {result.labels} pattern instance(s), {result.rate:,.0f} events/s achieved")
+    print(f"{result.events:,} events in {result.files} {'files' if landing else 'sends'}, {result.labels} pattern instance(s), {result.rate:,.0f} events/s achieved")
     return 0
 
 
@@ -556,16 +584,24 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from rulewatch.session import get_spark
 
     lakehouse = Lakehouse(args.lakehouse)
+    kafka = kafka_arguments.source(args)
+    if kafka and args.landing:
+        print("rulewatch: give either --landing FOLDER or --kafka-topic TOPIC, not both", file=sys.stderr)
+        return 2
     landing = Path(args.landing or Path(lakehouse.root, "landing"))
+    settings = _settings(args)
     if error := _check_files(args.rules):
         print(f"rulewatch: {error}", file=sys.stderr)
         return 2
     with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
-        landing.mkdir(parents=True, exist_ok=True)
+        if not kafka:
+            landing.mkdir(parents=True, exist_ok=True)
         spark = get_spark("rulewatch-stream")
         _apply_rules(spark, lakehouse, args.rules, print)
-        print(f"rulewatch stream: {landing} -> {lakehouse.root}, trigger {args.trigger!r}; Ctrl-C stops cleanly")
-        stream(spark, lakehouse, str(landing.resolve()), _settings(args), args.duration)
+        source: Source = kafka or str(landing.resolve())
+        described = f"Kafka topic {kafka.topic.topic}" if kafka else str(landing)
+        print(f"rulewatch stream: {described} -> {lakehouse.root}, trigger {args.trigger!r}; Ctrl-C stops cleanly")
+        stream(spark, lakehouse, source, settings, args.duration)
     return 0
 
 
@@ -574,9 +610,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rulewatch.session import get_spark
 
     lakehouse = Lakehouse(args.lakehouse)
-    landing, labels = Path(lakehouse.root, "landing"), Path(lakehouse.root, "labels")
+    kafka = kafka_arguments.source(args)
+    landing: Path | KafkaSource = kafka or Path(lakehouse.root, "landing")
+    labels = Path(lakehouse.root, "labels")
     rules = args.rules or [str(p) for p in DEMO_RULES]
     try:
+        settings = _settings(args)
         config = _config(args, args.minutes * 60, None)
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
@@ -587,7 +626,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with exclusive(lakehouse):
         spark = get_spark("rulewatch-demo")
         _apply_rules(spark, lakehouse, rules, print)
-        report = demo(spark, lakehouse, landing, labels, config, _settings(args))
+        report = demo(spark, lakehouse, landing, labels, config, settings)
     print("\n".join(report.lines()))
     return 0 if report.caught_up else 1
 
@@ -611,11 +650,12 @@ def _generator_options(parser: argparse.ArgumentParser, rate: float) -> None:
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``generate``, ``stream`` and ``demo`` on the main parser's subparsers."""
     gen = subparsers.add_parser("generate", help="land labelled live traffic (JSON lines) at a steady rate")
-    gen.add_argument("--landing", required=True, help="landing folder the stream reads")
+    gen.add_argument("--landing", help="landing folder the stream reads (or --kafka-topic)")
     gen.add_argument("--labels", help="folder for the injected patterns' labels (default: <landing>-labels, beside it)")
     gen.add_argument("--duration", type=float, default=60, help="seconds of traffic (default 60)")
     gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
     _generator_options(gen, 1000)
+    kafka_arguments.add_options(gen, alerts=False)
     gen.set_defaults(func=cmd_generate)
 
     live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
@@ -623,6 +663,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
     live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
     live.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    kafka_arguments.add_options(live)
     live.set_defaults(func=cmd_stream)
 
     dem = subparsers.add_parser("demo", help="generator + stream together, alerts as they land, detection score and latency")
@@ -630,4 +671,5 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     dem.add_argument("--minutes", type=float, default=2, help="minutes of generated traffic (default 2)")
     dem.add_argument("--rules", action="append", help="rules file to MERGE first (repeatable; default: fixtures/rules.json + live_rules.json)")
     _generator_options(dem, 1000)
+    kafka_arguments.add_options(dem)
     dem.set_defaults(func=cmd_demo)

@@ -14,11 +14,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch.bronze import start_bronze
+from rulewatch.bronze import Source, check_source, start_bronze
 from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.lakehouse import Lakehouse
-from rulewatch.landing import LandingReport, audit, check_landing
+from rulewatch.kafka.source import KafkaSource
+from rulewatch.landing import LandingReport, audit
 from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
 from rulewatch.schema import BRONZE
 from rulewatch.silver import ensure_silver_tables, start_silver
@@ -42,14 +43,20 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_gold_tables(spark, lakehouse)
 
 
-def run_bronze(spark: SparkSession, lakehouse: Lakehouse, landing: str, log: Log = print) -> LandingReport:
-    """Ingest everything landed once, then reconcile the landing folder with bronze (landing.py)."""
+def run_bronze(spark: SparkSession, lakehouse: Lakehouse, source: Source, log: Log = print) -> LandingReport | None:
+    """Ingest everything landed (or on the topic) once; a landing folder is then reconciled with bronze (landing.py).
+
+    Returns the landing report, or None for Kafka: its offsets are in the checkpoint, and records
+    lost to retention before they were read stop the query instead of being skipped.
+    """
     ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
     check_queries(lakehouse, "bronze")
-    check_landing(lakehouse, landing)
+    check_source(lakehouse, source)
     started = time.time()
-    _run(start_bronze(spark, landing, lakehouse), "bronze", log)
-    report = audit(spark, lakehouse, landing, "bronze", started)
+    _run(start_bronze(spark, source, lakehouse), "bronze", log)
+    if isinstance(source, KafkaSource):
+        return None
+    report = audit(spark, lakehouse, source, "bronze", started)
     for problem in report.problems:
         log(f"bronze: NOT INGESTED: {problem}")
     return report
@@ -81,7 +88,8 @@ class Summary:
     late: int
     alerts_per_rule: dict[int, int] = field(default_factory=dict)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
-    landing: LandingReport = field(default_factory=LandingReport)
+    landing: LandingReport | None = field(default_factory=LandingReport)  # None: a Kafka source (no files)
+    source: str | None = None  # what was ingested, when not a landing folder
     active_rules: int | None = None  # ACTIVE rows in config/rules after the run (None: not counted)
 
     @property
@@ -91,7 +99,11 @@ class Summary:
     @property
     def ok(self) -> bool:
         """Every landed line is in bronze and every bronze line in silver, quarantine or duplicates."""
-        return self.balanced and not self.landing.problems
+        return self.balanced and not (self.landing and self.landing.problems)
+
+    def _landing_check(self) -> str:
+        problems = self.landing.problems if self.landing else []
+        return f"  every landed file read whole: {'ok' if not problems else f'NO ({len(problems)} file(s) above)'}"
 
     def lines(self) -> list[str]:
         check = "ok" if self.balanced else "MISMATCH"
@@ -99,13 +111,14 @@ class Summary:
         warning = [NO_RULES_WARNING] if self.active_rules == 0 else []
         out = [
             *warning,
-            *self.landing.lines(),
+            *(self.landing.lines() if self.landing else []),
+            *([f"source           {self.source}"] if self.source else []),
             f"bronze rows      {self.bronze}",
             f"silver rows      {self.silver}",
             f"quarantined      {self.quarantined}",
             f"duplicates       {self.duplicates}",
             f"  bronze = silver + quarantined + duplicates: {check}",
-            f"  every landed file read whole: {'ok' if not self.landing.problems else f'NO ({len(self.landing.problems)} file(s) above)'}",
+            *([self._landing_check()] if self.landing else []),
             f"late events      {self.late}",
             f"alerts           {self.alerts}",
             *([f"active rules     {self.active_rules}"] if self.active_rules is not None else []),
@@ -117,7 +130,9 @@ class Summary:
         return out
 
 
-def summarize(spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport | None = None) -> Summary:
+def summarize(
+    spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport | None = None, source: str | None = None
+) -> Summary:
     def read(path: str):
         return spark.read.format("delta").load(path)
 
@@ -132,7 +147,8 @@ def summarize(spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport 
         late=read(lakehouse.late_events).count(),
         alerts_per_rule={r["rule_id"]: r["count"] for r in alerts.groupBy("rule_id").count().collect()},
         quarantine_reasons={r["reason"]: r["count"] for r in quarantine.groupBy("reason").count().collect()},
-        landing=landing or LandingReport(),
+        landing=landing if landing or source else LandingReport(),
+        source=source,
         active_rules=read(lakehouse.rules).where(F.col("ruleState") == "ACTIVE").count(),
     )
 
@@ -140,7 +156,7 @@ def summarize(spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport 
 def run_all(
     spark: SparkSession,
     lakehouse: Lakehouse,
-    landing: str,
+    source: Source,
     rules_file: str | None = None,
     settings: GoldSettings = GoldSettings(),
     log: Log = print,
@@ -151,12 +167,13 @@ def run_all(
         changes = apply_rules_file(spark, lakehouse, rules_file)
         for change in changes:
             log(f"rules: {change}")
-    landed = run_bronze(spark, lakehouse, landing, log)
+    landed = run_bronze(spark, lakehouse, source, log)
     run_silver(spark, lakehouse, log)
     run_gold(spark, lakehouse, settings, log)
     check_queries(lakehouse, "rule_history")
     run_rule_history(spark, lakehouse)
-    return changes, summarize(spark, lakehouse, landed)
+    described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
+    return changes, summarize(spark, lakehouse, landed, described)
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):

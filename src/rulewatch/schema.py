@@ -39,6 +39,11 @@ BRONZE = StructType([
     StructField("value_bytes", BinaryType(), metadata={"comment": "The line's exact bytes when they are not valid UTF-8, else null"}),
     StructField("source_file_size", LongType(), metadata={"comment": "Size of the file in bytes when it was read"}),
     StructField("source_file_mtime", TimestampType(), metadata={"comment": "Modification time of the file when it was read"}),
+    StructField("kafka_topic", StringType(), metadata={"comment": "Kafka topic of the record (null for landed files)"}),
+    StructField("kafka_partition", IntegerType(), metadata={"comment": "Kafka partition of the record"}),
+    StructField("kafka_offset", LongType(), metadata={"comment": "Offset of the record in its partition"}),
+    StructField("kafka_key", BinaryType(), metadata={"comment": "The record's key, exact bytes"}),
+    StructField("kafka_timestamp", TimestampType(), metadata={"comment": "The record's Kafka timestamp"}),
 ])  # fmt: skip
 
 SILVER = StructType([

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from rulewatch.jars import fetch_delta_jars
+from rulewatch.jars import fetch_spark_jars
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -64,7 +64,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
-    builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_delta_jars()))
+    builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
     log_config = Path(__file__).with_name("log4j2.properties")
     builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
     return builder.getOrCreate()

@@ -63,7 +63,7 @@ def ensure_table(
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
 
-def _crash_point(sink: str, batch_id: int, moment: str) -> None:
+def crash_point(sink: str, batch_id: int, moment: str) -> None:
     if os.environ.get(CRASH_AT_ENV) == f"{sink}:{batch_id}:{moment}":
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -74,7 +74,7 @@ def append_once(df: DataFrame, path: str, sink: str, batch_id: int, rows: int | 
     ``rows=0`` (the caller counted ``df`` empty) skips the commit: with ``txnAppId`` each append pays
     a Delta state reconstruction (~0.5 s locally), and an empty one adds nothing a replay could repeat.
     """
-    _crash_point(sink, batch_id, "before")
+    crash_point(sink, batch_id, "before")
     if rows != 0:
         (
             df.write.format("delta")
@@ -83,7 +83,7 @@ def append_once(df: DataFrame, path: str, sink: str, batch_id: int, rows: int | 
             .option("txnVersion", batch_id)
             .save(path)
         )
-    _crash_point(sink, batch_id, "after")
+    crash_point(sink, batch_id, "after")
 
 
 def batch_column(name: str, batch_id: int) -> Column:

@@ -1,0 +1,77 @@
+"""The local broker (`rulewatch kafka`): a real Apache Kafka in KRaft mode, started from the fetched jars."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from rulewatch.cli import main
+from rulewatch.kafka import broker
+from rulewatch.kafka.client import KafkaTopic, client_config, ensure_topic
+from rulewatch.kafka.produce import send_all
+
+
+def _read(topic: KafkaTopic, expected: int, timeout: float = 30) -> list[tuple[int, bytes | None]]:
+    import time
+
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(client_config(topic) | {"group.id": str(uuid.uuid4()), "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic.topic])
+    out: list[tuple[int, bytes | None]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            out.append((message.partition(), message.value()))
+    consumer.close()
+    return out
+
+
+def test_records_survive_a_restart_of_the_broker(tmp_path):
+    first = broker.start(tmp_path)
+    try:
+        assert broker.start(tmp_path) == first  # a second start finds the running one
+        topic = KafkaTopic(first.bootstrap, "t")
+        ensure_topic(topic, partitions=2)
+        values = [f"record {i}".encode() for i in range(100)]
+        send_all(topic, values)
+        assert sorted(v for _, v in _read(topic, 100)) == sorted(values)
+        assert broker.stop(tmp_path)
+        assert broker.running(tmp_path) is None
+        again = broker.start(tmp_path)
+        assert again.bootstrap == first.bootstrap and again.pid != first.pid
+        read = _read(topic, 100)
+        assert sorted(v for _, v in read) == sorted(values) and {p for p, _ in read} == {0, 1}
+    finally:
+        broker.stop(tmp_path)
+    assert not broker.stop(tmp_path)  # nothing left to stop
+
+
+def test_the_cli_starts_reports_and_stops_a_broker(tmp_path, capsys):
+    folder = str(tmp_path / "kafka")
+    assert main(["kafka", "start", "--dir", folder]) == 0
+    bootstrap = capsys.readouterr().out.split()[1]
+    try:
+        assert bootstrap.startswith("127.0.0.1:")
+        assert main(["kafka", "status", "--dir", folder]) == 0
+        assert main(["kafka", "topic", "--bootstrap", bootstrap, "--name", "alerts"]) == 0
+        assert main(["kafka", "topic", "--bootstrap", bootstrap, "--name", "alerts"]) == 0  # exists: fine
+    finally:
+        assert main(["kafka", "stop", "--dir", folder]) == 0
+    assert main(["kafka", "status", "--dir", folder]) == 1
+    assert "not running" in capsys.readouterr().out
+
+
+def test_a_taken_port_is_a_one_line_error(tmp_path, kafka_broker, capsys):
+    port = kafka_broker.rsplit(":", 1)[1]
+    assert main(["kafka", "start", "--dir", str(tmp_path), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rulewatch: port {port} on 127.0.0.1 is in use") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["with space", "", "x" * 250])
+def test_an_invalid_topic_name_is_refused_before_any_connection(name):
+    with pytest.raises(ValueError, match="not a valid topic name"):
+        KafkaTopic("127.0.0.1:9", name)

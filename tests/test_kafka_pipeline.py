@@ -1,0 +1,160 @@
+"""Kafka in and out, through a real broker: the job over a topic, alerts on a topic, kill -9 and restart.
+
+The fixtures' lines go onto a one-partition topic in file order, so the job over Kafka must give
+exactly the alerts of the job over the landing folder (fixture_run); a few records no file could
+carry (invalid UTF-8, a tombstone) are quarantined with reasons. Alerts are read back from the
+alerts topic with a real consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from conftest import FIXTURES
+from rulewatch.gold import GoldSettings
+from rulewatch.kafka.client import KafkaTopic, client_config, ensure_topic
+from rulewatch.kafka.produce import send_all
+from rulewatch.kafka.source import KafkaSource
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.pipeline import run_all
+from test_crash import PROCESSING_COLUMNS, RULES, attempt
+
+pytestmark = pytest.mark.spark
+
+BAD_RECORDS = [b'{"transactionId": "k-bad-utf8", "eventTime": 1, "payeeId": "\xff\xfe"}', None]
+
+
+def _fixture_lines() -> list[str]:
+    return [line for path in sorted((FIXTURES / "transactions").glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def _consume_all(topic: KafkaTopic, expected: int, timeout: float = 60) -> list[dict]:
+    """Every record on ``topic`` (values as JSON), reading until ``expected`` arrived and the topic stays quiet."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(client_config(topic) | {"group.id": f"test-{uuid.uuid4()}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic.topic])
+    records: list[dict] = []
+    deadline, quiet_since = time.monotonic() + timeout, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                if len(records) >= expected and time.monotonic() - quiet_since > 3:
+                    break
+                continue
+            assert message.error() is None, message.error()
+            records.append({"key": message.key().decode(), **json.loads(message.value())})
+            quiet_since = time.monotonic()
+    finally:
+        consumer.close()
+    return records
+
+
+def _decisions(frame) -> list[tuple]:
+    return sorted(tuple(r) for r in frame.drop(*PROCESSING_COLUMNS).collect())
+
+
+@pytest.fixture(scope="module")
+def transactions_topic(kafka_broker) -> KafkaTopic:
+    topic = KafkaTopic(kafka_broker, f"transactions-{uuid.uuid4().hex[:8]}")
+    ensure_topic(topic, partitions=1)  # one partition: the files' order, so first-wins matches
+    send_all(topic, [*_fixture_lines(), *BAD_RECORDS])
+    return topic
+
+
+@pytest.fixture(scope="module")
+def kafka_run(spark, kafka_broker, transactions_topic, tmp_path_factory):
+    alerts = KafkaTopic(kafka_broker, f"alerts-{uuid.uuid4().hex[:8]}")
+    ensure_topic(alerts)
+    lakehouse = Lakehouse(str(tmp_path_factory.mktemp("kafka-run") / "lakehouse"))
+    _, summary = run_all(
+        spark, lakehouse, KafkaSource(transactions_topic), RULES, GoldSettings(alerts_topic=alerts), log=lambda _: None
+    )
+    return lakehouse, summary, alerts
+
+
+def test_the_job_over_kafka_raises_exactly_the_alerts_of_the_landing_folder(spark, fixture_run, kafka_run):
+    lakehouse, summary, _ = kafka_run
+    read = lambda lh: spark.read.format("delta").load(lh.alerts)  # noqa: E731
+    assert summary.alerts > 0
+    assert _decisions(read(lakehouse)) == _decisions(read(fixture_run.lakehouse))
+    assert summary.silver == fixture_run.summary.silver and summary.duplicates == fixture_run.summary.duplicates
+    assert summary.ok and summary.bronze == len(_fixture_lines()) + len(BAD_RECORDS)
+    assert any(line.startswith("source           Kafka topic") for line in summary.lines())
+
+
+def test_bronze_keeps_each_record_with_its_coordinates(spark, kafka_run, transactions_topic):
+    lakehouse, _, _ = kafka_run
+    bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
+    rows = bronze.orderBy("kafka_offset").collect()
+    assert [r.kafka_offset for r in rows] == list(range(len(rows)))
+    assert {r.kafka_topic for r in rows} == {transactions_topic.topic} and {r.kafka_partition for r in rows} == {0}
+    assert all(r.kafka_timestamp is not None and r.ingest_seq == r.kafka_offset for r in rows)
+    assert [r.value for r in rows[: len(_fixture_lines())]] == _fixture_lines()
+    bad_utf8 = rows[len(_fixture_lines())]
+    assert bytes(bad_utf8.value_bytes) == BAD_RECORDS[0] and "\ufffd" in bad_utf8.value
+
+
+def test_records_no_file_could_carry_are_quarantined_with_reasons(spark, fixture_run, kafka_run):
+    lakehouse, summary, _ = kafka_run
+    assert summary.quarantined == fixture_run.summary.quarantined + len(BAD_RECORDS)
+    quarantine = spark.read.format("delta").load(lakehouse.silver_quarantine)
+    kafka_only = quarantine.where(F.col("source_file").startswith("kafka:")).join(
+        spark.read.format("delta").load(fixture_run.lakehouse.silver_quarantine).select("value"), "value", "left_anti"
+    )
+    reasons = [r.reason for r in kafka_only.collect()]
+    assert len(reasons) == len(BAD_RECORDS) and all(reasons), reasons
+
+
+def test_every_alert_is_on_the_alerts_topic_keyed_by_rule_and_group(spark, kafka_run):
+    lakehouse, summary, topic = kafka_run
+    published = _consume_all(topic, summary.alerts)
+    table = spark.read.format("delta").load(lakehouse.alerts).collect()
+    assert sorted(r["alert_id"] for r in published) == sorted(r.alert_id for r in table)
+    assert all(r["key"] == f"{r['rule_id']}:{r['group_key']}" for r in published)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "rulewatch.bronze.transactions:0:after",  # bronze committed, the offsets' commit not
+        "rulewatch.gold.alerts:0:after",  # alerts in Delta, not yet on the topic
+        "rulewatch.kafka.alerts:0:after",  # on the topic too, the batch not yet committed
+    ],
+)
+def test_kill_and_restart_over_kafka_loses_no_alert_and_duplicates_none_in_delta(
+    spark, kafka_run, kafka_broker, transactions_topic, tmp_path, point
+):
+    alerts = KafkaTopic(kafka_broker, f"alerts-crash-{uuid.uuid4().hex[:8]}")
+    ensure_topic(alerts)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    source = ["--kafka-bootstrap", kafka_broker, "--kafka-topic", transactions_topic.topic]
+    extra = ["--alerts-topic", alerts.topic]
+    assert attempt(lakehouse, source, crash_at=point, extra=extra) == -signal.SIGKILL, f"{point} was not reached"
+    assert attempt(lakehouse, source, extra=extra) == 0
+
+    table = spark.read.format("delta").load(lakehouse.alerts)
+    reference = spark.read.format("delta").load(kafka_run[0].alerts)
+    assert _decisions(table) == _decisions(reference)
+    ids = [r.alert_id for r in table.collect()]
+    assert len(ids) == len(set(ids))
+    published = [r["alert_id"] for r in _consume_all(alerts, len(ids))]
+    assert set(published) == set(ids)  # at least once: a replayed batch may publish an alert twice, same id
+    bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
+    assert bronze.count() == bronze.select("kafka_partition", "kafka_offset").distinct().count() == len(_fixture_lines()) + len(BAD_RECORDS)
+
+
+def test_a_lakehouse_that_ingests_a_folder_refuses_a_topic(spark, fixture_run, transactions_topic):
+    from rulewatch.bronze import check_source
+    from rulewatch.landing import LandingError
+
+    with pytest.raises(LandingError, match=f"ingests the landing folder .*, not Kafka topic {transactions_topic.topic}"):
+        check_source(fixture_run.lakehouse, KafkaSource(transactions_topic))
