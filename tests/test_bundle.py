@@ -206,7 +206,16 @@ def test_variables_the_deploy_docs_describe_are_declared():
     assert "default" not in declared["service_principal"]  # a prod deploy without it must stop
 
 
-@pytest.mark.parametrize("job_key", JOBS)
+SCHEDULED = [k for k in JOBS if "schedule" in BUNDLE.jobs[k].definition]
+CONTINUOUS = [k for k in JOBS if "continuous" in BUNDLE.jobs[k].definition]
+
+
+def test_there_is_a_scheduled_job_and_a_continuous_live_job():
+    assert SCHEDULED == ["rulewatch_pipeline"] and CONTINUOUS == ["rulewatch_live"]
+    assert sorted(SCHEDULED + CONTINUOUS) == JOBS  # every job is one or the other, never both
+
+
+@pytest.mark.parametrize("job_key", SCHEDULED)
 def test_schedule_is_paused_in_dev_and_runs_in_prod(job_key):
     schedule = BUNDLE.jobs[job_key].definition["schedule"]
     assert schedule["quartz_cron_expression"] and schedule["timezone_id"]
@@ -215,22 +224,38 @@ def test_schedule_is_paused_in_dev_and_runs_in_prod(job_key):
     assert _config("prod").resolved["resources"]["jobs"][job_key]["schedule"]["pause_status"] == "UNPAUSED"
 
 
+@pytest.mark.parametrize("job_key", CONTINUOUS)
+def test_the_live_job_is_paused_everywhere_until_switched_on(job_key):
+    # The live job and the scheduled job ingest the same lakehouse: never both running by default.
+    for target in TARGETS:
+        assert _config(target).resolved["resources"]["jobs"][job_key]["continuous"]["pause_status"] == "PAUSED"
+    switched = _config("prod", live_pause_status="UNPAUSED", schedule_pause_status="PAUSED").resolved["resources"]["jobs"]
+    assert switched[job_key]["continuous"]["pause_status"] == "UNPAUSED"
+    assert switched["rulewatch_pipeline"]["schedule"]["pause_status"] == "PAUSED"
+
+
 @pytest.mark.parametrize("job_key", JOBS)
 def test_failures_slow_runs_and_backlogs_mail_the_notification_list(job_key):
     mail = BUNDLE.jobs[job_key].definition["email_notifications"]
-    for event in ("on_failure", "on_duration_warning_threshold_exceeded", "on_streaming_backlog_exceeded"):
+    events = ["on_failure", "on_streaming_backlog_exceeded"] + (["on_duration_warning_threshold_exceeded"] if job_key in SCHEDULED else [])
+    for event in events:
         assert mail[event] == "${var.notification_emails}", event
 
 
 @pytest.mark.parametrize("job_key", JOBS)
 def test_job_has_a_timeout_health_rules_and_tags(job_key):
     definition = BUNDLE.jobs[job_key].definition
-    assert 0 < definition["timeout_seconds"] <= 4 * 3600
     rules = {r["metric"]: r for r in definition["health"]["rules"]}
-    assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"}
     assert all(r["op"] == "GREATER_THAN" and r["value"] > 0 for r in rules.values())
-    # The duration warning fires before the timeout cancels the run.
-    assert rules["RUN_DURATION_SECONDS"]["value"] < definition["timeout_seconds"]
+    if job_key in SCHEDULED:
+        assert 0 < definition["timeout_seconds"] <= 4 * 3600
+        assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"}
+        # The duration warning fires before the timeout cancels the run.
+        assert rules["RUN_DURATION_SECONDS"]["value"] < definition["timeout_seconds"]
+    else:
+        # A continuous run lasts for ever by design: no timeout, no duration rule; lag is what to watch.
+        assert "timeout_seconds" not in definition
+        assert set(rules) == {"STREAMING_BACKLOG_SECONDS", "STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"}
     for target in TARGETS:
         assert _config(target).resolved["resources"]["jobs"][job_key]["tags"] == {"project": "rulewatch", "target": target}
 
@@ -328,6 +353,19 @@ def test_a_deliberately_broken_file_is_caught(schema_text, tmp_path):
         assert any("rulewatch_pipeline/timeout_seconds: 'an hour' is not of type 'integer'" in p for p in merged), problems
         assert any("health/rules/0/op: 'MORE_THAN' is not one of ['GREATER_THAN']" in p for p in merged), problems
     assert any(p.startswith("[all targets]") and "rulewatch.job.yml (as written)" in p and "max_concurent_runs" in p for p in problems)
+
+
+def test_what_the_jobs_service_refuses_in_a_continuous_job_is_caught(schema_text, tmp_path):
+    root = _copy_bundle(tmp_path)
+    job_file = root / "resources" / "rulewatch_live.job.yml"
+    text = job_file.read_text().replace("task_retry_mode: ON_FAILURE", "task_retry_mode: NEVER")
+    text = text.replace("      tasks:\n", "      schedule:\n        quartz_cron_expression: 0 0 * * * ?\n        timezone_id: UTC\n      tasks:\n")
+    text = text.replace("          job_cluster_key: rulewatch\n          libraries:", "          job_cluster_key: rulewatch\n          depends_on:\n            - task_key: live\n          libraries:")
+    job_file.write_text(text)
+    problems = [str(p) for p in check_bundle(root, schema_text, variables=TARGET_VARS, identities=DEPLOYERS, environ={})]
+    for expected in ("a continuous job cannot also have a schedule", "a continuous job's tasks cannot depend on each other",
+                     "max_retries in a continuous job needs continuous.task_retry_mode ON_FAILURE"):  # fmt: skip
+        assert any(expected in p and "rulewatch_live" in p for p in problems), (expected, problems)
 
 
 def test_the_schema_check_runs_on_the_regex_engine_the_patterns_need(schema_text):

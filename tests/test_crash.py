@@ -87,17 +87,15 @@ def _reap(group: int) -> None:
     raise AssertionError(f"process group {group} survived SIGKILL")
 
 
-def attempt(
-    lakehouse: Lakehouse, source: list[str], crash_at: str | None = None, kill_after: float | None = None, extra: list[str] = ()
-) -> int:
-    """One ``rulewatch run`` over ``source`` (its options); returns its exit code (-9 when killed)."""
+def run_cli(args: list[str], crash_at: str | None = None, kill_after: float | None = None, timeout: float = 600) -> int:
+    """``python -m rulewatch.cli ARGS`` in its own process group; its exit code (-9 when killed)."""
     env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
-    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        output, _ = process.communicate(timeout=kill_after or 600)
+        output, _ = process.communicate(timeout=kill_after or timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
@@ -105,8 +103,15 @@ def attempt(
     if process.returncode not in (0, -signal.SIGKILL):
         # Spark appends whole query plans to its errors; the lines naming an error are what matter.
         errors = [line[:400] for line in output.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
-        raise AssertionError(f"attempt {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
+        raise AssertionError(f"{args[0]} {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
     return process.returncode
+
+
+def attempt(
+    lakehouse: Lakehouse, source: list[str], crash_at: str | None = None, kill_after: float | None = None, extra: list[str] = ()
+) -> int:
+    """One ``rulewatch run`` over ``source`` (its options); returns its exit code (-9 when killed)."""
+    return run_cli(["run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra], crash_at, kill_after)
 
 
 def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -36,6 +37,25 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
     gold_text = "".join(out.get("text", "") for cell in results[-1].notebook.cells if cell.cell_type == "code" for out in cell.outputs)
     assert "bronze = silver + quarantined + duplicates: ok" in gold_text
 
+    columns = ["rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "event_count"]
+    assert_df_equality(
+        spark.read.format("delta").load(str(lakehouse / "gold" / "alerts")).select(*columns),
+        spark.read.format("delta").load(f"{fixture_run.lakehouse.root}/gold/alerts").select(*columns),
+        ignore_row_order=True,
+    )
+
+
+@pytest.mark.spark
+def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path):
+    lakehouse, landing = tmp_path / "lakehouse", tmp_path / "landing"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    results = run_job_locally(
+        "rulewatch_live",
+        {"lakehouse": str(lakehouse), "landing": str(landing), "rules_file": str(FIXTURES / "rules.json"), "duration": "45"},
+        log=lambda _: None,
+        root=ROOT,
+    )
+    assert [(r.task_key, r.status) for r in results] == [("live", "ok")]
     columns = ["rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "event_count"]
     assert_df_equality(
         spark.read.format("delta").load(str(lakehouse / "gold" / "alerts")).select(*columns),
@@ -161,6 +181,7 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
     assert params["setup"] == {
         "lakehouse": "/lh", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
+        "kafka_bootstrap": "", "kafka_topic": "", "alerts_topic": "", "kafka_secret_scope": "",
     }  # fmt: skip
     # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
     assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"

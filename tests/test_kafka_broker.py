@@ -75,3 +75,32 @@ def test_a_taken_port_is_a_one_line_error(tmp_path, kafka_broker, capsys):
 def test_an_invalid_topic_name_is_refused_before_any_connection(name):
     with pytest.raises(ValueError, match="not a valid topic name"):
         KafkaTopic("127.0.0.1:9", name)
+
+
+def test_sasl_credentials_come_from_the_environment_for_spark_and_python_clients(monkeypatch):
+    from rulewatch.kafka.client import KafkaConfigError, spark_options
+
+    topic = KafkaTopic("broker.example:9093", "payments")
+    assert spark_options(topic) == {"kafka.bootstrap.servers": "broker.example:9093"}  # plaintext without credentials
+    monkeypatch.setenv("RULEWATCH_KAFKA_SASL_USERNAME", 'fraud"team')
+    with pytest.raises(KafkaConfigError, match="set both RULEWATCH_KAFKA_SASL_USERNAME and RULEWATCH_KAFKA_SASL_PASSWORD"):
+        spark_options(topic)
+    monkeypatch.setenv("RULEWATCH_KAFKA_SASL_PASSWORD", "s3cr\\et")
+    options = spark_options(topic)
+    assert options["kafka.security.protocol"] == "SASL_SSL" and options["kafka.sasl.mechanism"] == "PLAIN"
+    # Quotes and backslashes escaped, so a password cannot end the JAAS string early.
+    assert options["kafka.sasl.jaas.config"] == (
+        'org.apache.kafka.common.security.plain.PlainLoginModule required username="fraud\\"team" password="s3cr\\\\et";'
+    )
+    assert client_config(topic) == {
+        "bootstrap.servers": "broker.example:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.username": 'fraud"team', "sasl.password": "s3cr\\et",
+    }  # fmt: skip
+    monkeypatch.setenv("RULEWATCH_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    assert "scram.ScramLoginModule" in spark_options(topic)["kafka.sasl.jaas.config"]
+
+
+@pytest.mark.parametrize("bootstrap", ["", "nohostport", "host:port", ":9092"])
+def test_a_malformed_bootstrap_is_refused_naming_it(bootstrap):
+    with pytest.raises(ValueError, match="bootstrap"):
+        KafkaTopic(bootstrap, "t")

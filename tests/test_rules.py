@@ -130,7 +130,7 @@ def test_error_message_names_rule_field_value_and_allowed_values() -> None:
     error = rule_error(aggregatorFunctionType="SUMM")
     assert str(error) == (
         "rule 7: field 'aggregatorFunctionType' has 'SUMM'; "
-        "allowed: SUM, COUNT, AVG, MIN, MAX, UNIQUE_COUNT (alias COUNT_FLINK)"
+        "allowed: SUM, COUNT, AVG, MIN, MAX, UNIQUE_COUNT (alias COUNT_FLINK); did you mean 'SUM'?"
     )
     assert (error.rule_id, error.field) == (7, "aggregatorFunctionType")
     assert pickle.loads(pickle.dumps(error)).reason == error.reason
@@ -394,6 +394,31 @@ def test_all_errors_in_a_source_are_listed_with_their_location() -> None:
     assert "line 3: rule 1: field 'ruleId' repeats the ruleId of line 1" in message
     assert "line 4: not valid JSON" in message
     assert all(str(e) in message for e in error.errors)
+
+
+def test_every_wrong_field_of_a_rule_is_reported_at_once_with_the_closest_name() -> None:
+    bad = rule_json(ruleId=3, groupingKeyNames=["payeId"], aggregateFieldName="paymentAmont",
+                    aggregatorFunctionType="sum", limit="lots", windowMinuts=10)  # fmt: skip
+    with pytest.raises(RuleSetError) as caught:
+        parse_rules([bad, rule_json(ruleId=4, ruleState="ACTIV", limitOperatorType="GREATER", filter={"acton": "login"})])
+    error = caught.value
+    found = {(e.rule_id, e.field): e.reason for e in error.errors}
+    assert set(found) == {(3, "windowMinuts"), (3, "groupingKeyNames"), (3, "aggregateFieldName"),
+                          (3, "aggregatorFunctionType"), (3, "limit"), (4, "ruleState"), (4, "filter")}  # fmt: skip
+    assert found[(3, "windowMinuts")].endswith("did you mean 'windowMinutes'?")
+    assert found[(3, "groupingKeyNames")].endswith("did you mean 'payeeId'?")
+    assert found[(3, "aggregateFieldName")].endswith("did you mean 'paymentAmount'?")
+    assert found[(3, "aggregatorFunctionType")].endswith("did you mean 'SUM'?")  # case differs only
+    assert "did you mean" not in found[(3, "limit")]  # nothing close to a number
+    assert found[(4, "ruleState")].endswith("did you mean 'ACTIVE'?") and found[(4, "filter")].endswith("did you mean 'action'?")
+    assert error.locations == ["item 1"] * 5 + ["item 2"] * 2
+    assert str(error).startswith("2 invalid rule(s), 7 problems:")
+
+
+def test_a_field_that_depends_on_a_wrong_one_is_not_blamed_too() -> None:
+    # The numeric-field check needs a valid aggregator; with the aggregator wrong, only it is reported.
+    error = rule_error(aggregatorFunctionType="AVERAGE", aggregateFieldName="payeeId")
+    assert (error.field, type(error)) == ("aggregatorFunctionType", RuleError)
 
 
 def test_broken_json_array_is_one_error() -> None:

@@ -250,6 +250,7 @@ def _job_problems(config: BundleConfig) -> list[Problem]:
         environments = {e.get("environment_key") for e in job.get("environments") or []}
         tasks = job.get("tasks") or []
         keys = [t.get("task_key") for t in tasks]
+        problems += _continuous_problems(config.target, where, job)
         for duplicate in sorted({k for k in keys if keys.count(k) > 1}):
             problems.append(Problem(config.target, where, f"task_key {duplicate} is used twice"))
         for task in tasks:
@@ -272,6 +273,26 @@ def _job_problems(config: BundleConfig) -> list[Problem]:
                     folder = (source.parent / wheel).parent.resolve()
                     if not (folder in wheel_dirs or any((source.parent / wheel).parent.glob(Path(wheel).name))):
                         problems.append(Problem(config.target, here, f"library {wheel} is neither built by a whl artifact nor present"))
+    return problems
+
+
+def _continuous_problems(target: str, where: str, job: Mapping[str, Any]) -> list[Problem]:
+    """What the Jobs service refuses in a continuous job: a schedule beside it, task dependencies, and
+    task retries unless ``task_retry_mode`` is ``ON_FAILURE``."""
+    continuous = job.get("continuous")
+    if not isinstance(continuous, Mapping):
+        return []
+    problems = []
+    for other in ("schedule", "trigger"):
+        if job.get(other):
+            problems.append(Problem(target, where, f"a continuous job cannot also have a {other}"))
+    retries = continuous.get("task_retry_mode") == "ON_FAILURE"
+    for task in job.get("tasks") or []:
+        here = f"{where}.tasks[{task.get('task_key')}]"
+        if task.get("depends_on"):
+            problems.append(Problem(target, here, "a continuous job's tasks cannot depend on each other"))
+        if task.get("max_retries") and not retries:
+            problems.append(Problem(target, here, "max_retries in a continuous job needs continuous.task_retry_mode ON_FAILURE"))
     return problems
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from rulewatch.bundle_config import BundleError, Identity, load_config
+from rulewatch.remote import DEFAULT_JOB
 from rulewatch.lakehouse import Lakehouse, exclusive
 from rulewatch.widgets import widget_env
 
@@ -87,6 +88,8 @@ class Bundle:
         if job_key is None:
             if len(self.jobs) == 1:
                 return next(iter(self.jobs.values()))
+            if DEFAULT_JOB in self.jobs:
+                return self.jobs[DEFAULT_JOB]
             raise JobError(f"bundle {self.root} defines {len(self.jobs)} jobs; name one of: {', '.join(sorted(self.jobs)) or '(none)'}")
         if job_key not in self.jobs:
             raise JobError(f"no job {job_key!r} in bundle {self.root}; jobs: {', '.join(sorted(self.jobs)) or '(none)'}")
@@ -334,6 +337,7 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         overrides = {k: v for k, v in defaults.items() if k in job.parameters}
         # An empty value stays empty: --rules "" means "leave config/rules as it is".
         overrides.update({k: os.path.abspath(v) if v else v for k, v in given.items() if v is not None})
+        overrides.update(dict(args.param))
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
         with exclusive(Lakehouse(args.lakehouse)):
             run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
@@ -351,10 +355,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     job = subparsers.add_parser("job", help="the asset bundle job")
     job_sub = job.add_subparsers(dest="job_command", required=True)
     run = job_sub.add_parser("run", help="run the bundle job's task DAG locally, one notebook execution per task")
-    run.add_argument("job", nargs="?", help="job key under resources.jobs (default: the only job)")
+    run.add_argument("job", nargs="?", help=f"job key under resources.jobs (default: {DEFAULT_JOB}; rulewatch_live runs live mode until cancelled)")
     run.add_argument("--target", "-t", default="local", help="only 'local'; remote runs use `databricks bundle run -t <target>`")
     run.add_argument("--lakehouse", help="job parameter lakehouse: folder for every Delta table and checkpoint")
     run.add_argument("--landing", help="job parameter landing (default: fixtures/transactions in the bundle root)")
     run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
     run.add_argument("--var", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
+    run.add_argument("--param", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="set a job parameter (as `databricks bundle run --params`), e.g. duration=60 for rulewatch_live")
     run.set_defaults(func=_cmd_job_run)

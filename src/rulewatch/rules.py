@@ -6,11 +6,12 @@ as code or splices one into SQL, so a hostile rule file can at worst be rejected
 
 from __future__ import annotations
 
+import difflib
 import json
 import operator as _op
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
@@ -226,7 +227,10 @@ class RuleSetError(ValueError):
         self.source = source
 
     def __str__(self) -> str:
-        head = f"{len(self.errors)} invalid rule(s)" + (f" in {self.source}" if self.source else "")
+        rules = len(dict.fromkeys(self.locations))  # several problems of one rule share its location
+        head = f"{rules} invalid rule(s)" + (f" in {self.source}" if self.source else "")
+        if len(self.errors) > rules:
+            head += f", {len(self.errors)} problems"
         lines = [f"  {where}: {error}" if where else f"  {error}" for where, error in zip(self.locations, self.errors)]
         return "\n".join([head + ":", *lines])
 
@@ -269,8 +273,31 @@ def deletion(rule_id: int) -> Rule:
     return Rule(rule_id, RuleState.DELETE, (), "transactionId", Aggregator.COUNT, Operator.GREATER, Decimal(0), 1, ())
 
 
+def _suggestion(value: object, allowed: Iterable[str]) -> str:
+    """``; did you mean 'payeeId'?`` for a near miss (a typo, another case), else nothing."""
+    if not isinstance(value, str):
+        return ""
+    by_fold = {name.casefold(): name for name in allowed}
+    close = by_fold.get(value.casefold()) or next(iter(difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.75)), None)
+    return f"; did you mean {close!r}?" if close and close != value else ""
+
+
+class RuleErrors(RuleError):
+    """Several problems in one rule: every field that is wrong, not just the first."""
+
+    def __init__(self, errors: list[RuleError]) -> None:
+        # As one RuleError (config/rule_errors keeps field and reason): every field, every reason.
+        fields = ", ".join(dict.fromkeys(e.field for e in errors))
+        super().__init__(errors[0].rule_id, fields, "; ".join(f"{e.field!r} {e.reason}" for e in errors))
+        self.errors = errors
+
+    def __str__(self) -> str:
+        return "; ".join(str(e) for e in self.errors)
+
+
 def parse_rule(obj: Mapping[str, Any]) -> Rule:
-    """Validate one decoded JSON rule object; raises RuleError on the first problem."""
+    """Validate one decoded JSON rule object; raises RuleError naming every field that is wrong
+    (``RuleErrors`` when more than one is)."""
     if not isinstance(obj, Mapping):
         raise RuleError(None, "", f"expected a JSON object, got {_show(obj)}")
     if "ruleId" not in obj:
@@ -278,12 +305,13 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
     rule_id = obj["ruleId"]
     if not _is_int(rule_id) or not 0 < rule_id <= MAX_RULE_ID:
         raise RuleError(None, "ruleId", f"has {_show(rule_id)}; allowed: {_ALLOWED_RULE_IDS}")
+    errors: list[RuleError] = []
 
     def fail(field: str, reason: str) -> RuleError:
         return RuleError(rule_id, field, reason)
 
-    def bad(field: str, allowed: str) -> RuleError:
-        return fail(field, f"has {_show(obj[field])}; allowed: {allowed}")
+    def bad(field: str, allowed: str, names: Iterable[str] = ()) -> RuleError:
+        return fail(field, f"has {_show(obj[field])}; allowed: {allowed}{_suggestion(obj[field], names)}")
 
     def required(field: str, allowed: str) -> Any:
         if field not in obj:
@@ -294,7 +322,7 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
         value = required(field, allowed)
         if isinstance(value, str) and value in table:
             return table[value]
-        raise bad(field, allowed)
+        raise bad(field, allowed, table)
 
     def duration(field: str) -> int:
         try:
@@ -302,108 +330,131 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
         except ValueError:
             raise bad(field, DURATION_FORMS) from None
 
-    unknown = [key for key in obj if key not in _RULE_FIELDS]
-    if unknown:
-        raise fail(str(unknown[0]), f"is not a rule field; allowed: {', '.join(_RULE_FIELDS)}")
+    def checked(parse: Callable[[], Any]) -> Any:
+        """``parse()``, or None with its error noted, so the next field is checked too."""
+        try:
+            return parse()
+        except RuleError as error:
+            errors.append(error)
+            return None
 
-    state = pick("ruleState", _STATES, _ALLOWED_STATES) if "ruleState" in obj else RuleState.ACTIVE
+    for key in obj:
+        if key not in _RULE_FIELDS:
+            errors.append(fail(str(key), f"is not a rule field; allowed: {', '.join(_RULE_FIELDS)}{_suggestion(key, _RULE_FIELDS)}"))
+
+    state = checked(lambda: pick("ruleState", _STATES, _ALLOWED_STATES)) if "ruleState" in obj else RuleState.ACTIVE
     if state is RuleState.DELETE and set(obj) <= {"ruleId", "ruleState", "description"}:
         return deletion(rule_id)
 
-    keys_allowed = f"a non-empty list of distinct names from {_ALLOWED_FIELDS}"
-    keys = required("groupingKeyNames", keys_allowed)
-    if not isinstance(keys, (list, tuple)) or not keys:
-        raise bad("groupingKeyNames", keys_allowed)
-    for key in keys:
-        if not (isinstance(key, str) and key in EVENT_FIELDS):
-            raise fail("groupingKeyNames", f"has {_show(key)}; allowed: {_ALLOWED_FIELDS}")
-    repeated = [key for i, key in enumerate(keys) if key in keys[:i]]
-    if repeated:
-        raise fail("groupingKeyNames", f"lists {repeated[0]!r} more than once")
+    def grouping_keys() -> tuple[str, ...]:
+        keys_allowed = f"a non-empty list of distinct names from {_ALLOWED_FIELDS}"
+        keys = required("groupingKeyNames", keys_allowed)
+        if not isinstance(keys, (list, tuple)) or not keys:
+            raise bad("groupingKeyNames", keys_allowed)
+        for key in keys:
+            if not (isinstance(key, str) and key in EVENT_FIELDS):
+                raise fail("groupingKeyNames", f"has {_show(key)}; allowed: {_ALLOWED_FIELDS}{_suggestion(key, EVENT_FIELDS)}")
+        repeated = [key for i, key in enumerate(keys) if key in keys[:i]]
+        if repeated:
+            raise fail("groupingKeyNames", f"lists {repeated[0]!r} more than once")
+        return tuple(keys)
+
+    keys = checked(grouping_keys)
 
     if obj.get("aggregateFieldName") == COUNT_FLINK:
         # The reference counted events by aggregating this magic field (usually with SUM): any
         # counting aggregator over it means "count the events", so its rule files load unchanged.
-        if obj.get("aggregatorFunctionType") not in ("SUM", "COUNT", COUNT_FLINK):
-            raise fail("aggregatorFunctionType", f"has {_show(obj.get('aggregatorFunctionType'))} with "
-                       f"aggregateFieldName {COUNT_FLINK!r}; allowed: SUM, COUNT, {COUNT_FLINK}")
         aggregate_field, aggregator = "transactionId", Aggregator.COUNT
+        if obj.get("aggregatorFunctionType") not in ("SUM", "COUNT", COUNT_FLINK):
+            errors.append(fail("aggregatorFunctionType", f"has {_show(obj.get('aggregatorFunctionType'))} with "
+                               f"aggregateFieldName {COUNT_FLINK!r}; allowed: SUM, COUNT, {COUNT_FLINK}"))  # fmt: skip
     else:
-        aggregate_field = pick("aggregateFieldName", _FIELD_NAMES, _ALLOWED_FIELDS)
-        aggregator = pick("aggregatorFunctionType", _AGGREGATORS, _ALLOWED_AGGREGATORS)
-    if aggregator in _NUMERIC_AGGREGATORS and aggregate_field not in NUMERIC_FIELDS:
-        raise fail(
+        aggregate_field = checked(lambda: pick("aggregateFieldName", _FIELD_NAMES, _ALLOWED_FIELDS))
+        aggregator = checked(lambda: pick("aggregatorFunctionType", _AGGREGATORS, _ALLOWED_AGGREGATORS))
+    if aggregator in _NUMERIC_AGGREGATORS and aggregate_field is not None and aggregate_field not in NUMERIC_FIELDS:
+        errors.append(fail(
             "aggregateFieldName",
             f"has {aggregate_field!r}, but {aggregator.value} needs a numeric field; "
             f"allowed: {', '.join(sorted(NUMERIC_FIELDS))}",
-        )
-    operator = pick("limitOperatorType", _OPERATORS, _ALLOWED_OPERATORS)
+        ))  # fmt: skip
+    operator = checked(lambda: pick("limitOperatorType", _OPERATORS, _ALLOWED_OPERATORS))
 
-    limit_allowed = "a finite number or numeric string"
-    limit = _to_decimal(required("limit", limit_allowed))
-    if limit is None:
-        raise bad("limit", limit_allowed)
+    def limit_value() -> Decimal:
+        limit_allowed = "a finite number or numeric string"
+        limit = _to_decimal(required("limit", limit_allowed))
+        if limit is None:
+            raise bad("limit", limit_allowed)
+        return limit
 
-    if ("windowMinutes" in obj) == ("window" in obj):
-        raise fail(
-            "window",
-            "and 'windowMinutes' are both given; give exactly one"
-            if "window" in obj
-            else "is missing; give exactly one of 'window' (a duration) or 'windowMinutes' (a positive integer)",
-        )
-    if "window" in obj:
-        window_ms = duration("window")
-    else:
+    limit = checked(limit_value)
+
+    def window() -> int:
+        if ("windowMinutes" in obj) == ("window" in obj):
+            raise fail(
+                "window",
+                "and 'windowMinutes' are both given; give exactly one"
+                if "window" in obj
+                else "is missing; give exactly one of 'window' (a duration) or 'windowMinutes' (a positive integer)",
+            )
+        if "window" in obj:
+            return duration("window")
         minutes = obj["windowMinutes"]
         if not _is_int(minutes) or not 0 < minutes * 60_000 <= _MAX_MS:
             raise bad("windowMinutes", "a positive integer")
-        window_ms = minutes * 60_000
+        return minutes * 60_000
 
-    raw_filter = obj.get("filter", {})
-    if not isinstance(raw_filter, Mapping):
-        raise bad("filter", "an object mapping event fields to values")
-    conditions = []
-    for field, value in raw_filter.items():
-        if not (isinstance(field, str) and field in EVENT_FIELDS):
-            raise fail("filter", f"has key {_show(field)}; allowed: {_ALLOWED_FIELDS}")
-        text = _scalar_text(value)
-        if text is None:
-            raise fail("filter", f"has {_show(value)} for {field!r}; allowed: a string, number or boolean")
-        conditions.append((field, text))
+    window_ms = checked(window)
 
-    cooldown_ms = duration("cooldown") if "cooldown" in obj else 0
+    def conditions() -> tuple[tuple[str, str], ...]:
+        raw_filter = obj.get("filter", {})
+        if not isinstance(raw_filter, Mapping):
+            raise bad("filter", "an object mapping event fields to values")
+        found = []
+        for field, value in raw_filter.items():
+            if not (isinstance(field, str) and field in EVENT_FIELDS):
+                raise fail("filter", f"has key {_show(field)}; allowed: {_ALLOWED_FIELDS}{_suggestion(field, EVENT_FIELDS)}")
+            text = _scalar_text(value)
+            if text is None:
+                raise fail("filter", f"has {_show(value)} for {field!r}; allowed: a string, number or boolean")
+            found.append((field, text))
+        return tuple(sorted(found))
+
+    filter_ = checked(conditions)
+    cooldown_ms = checked(lambda: duration("cooldown")) if "cooldown" in obj else 0
 
     new_values_only = obj.get("reportNewValuesOnly", False)
     if not isinstance(new_values_only, bool):
-        raise bad("reportNewValuesOnly", "true, false")
-    if new_values_only and aggregator is not Aggregator.UNIQUE_COUNT:
-        raise fail(
+        errors.append(bad("reportNewValuesOnly", "true, false"))
+    elif new_values_only and aggregator is not None and aggregator is not Aggregator.UNIQUE_COUNT:
+        errors.append(fail(
             "reportNewValuesOnly",
             f"is true but aggregatorFunctionType is {aggregator.value}; allowed only with UNIQUE_COUNT",
-        )
+        ))  # fmt: skip
 
-    bucket_ms = duration("bucket") if "bucket" in obj else 0
-    if bucket_ms and (bucket_ms >= window_ms or window_ms % bucket_ms):
-        raise fail(
+    bucket_ms = checked(lambda: duration("bucket")) if "bucket" in obj else 0
+    if bucket_ms and window_ms and (bucket_ms >= window_ms or window_ms % bucket_ms):
+        errors.append(fail(
             "bucket",
             f"has {_show(obj['bucket'])}; allowed: a duration shorter than the window "
             f"({format_duration(window_ms)}) that divides it exactly",
-        )
+        ))  # fmt: skip
 
     description = obj.get("description", "")
     if not isinstance(description, str):
-        raise bad("description", "a string")
+        errors.append(bad("description", "a string"))
 
+    if errors:
+        raise errors[0] if len(errors) == 1 else RuleErrors(errors)
     return Rule(
         rule_id=rule_id,
         state=state,
-        grouping_keys=tuple(keys),
+        grouping_keys=keys,
         aggregate_field=aggregate_field,
         aggregator=aggregator,
         operator=operator,
         limit=limit,
         window_ms=window_ms,
-        filter=tuple(sorted(conditions)),
+        filter=filter_,
         cooldown_ms=cooldown_ms,
         report_new_values_only=new_values_only,
         bucket_ms=bucket_ms,
@@ -454,8 +505,9 @@ def parse_rules(source: str | bytes | list[Any]) -> list[Rule]:
             if rule.rule_id in first_seen:
                 raise RuleError(rule.rule_id, "ruleId", f"repeats the ruleId of {first_seen[rule.rule_id]}")
         except RuleError as error:
-            errors.append(error)
-            locations.append(where)
+            found = error.errors if isinstance(error, RuleErrors) else [error]
+            errors += found
+            locations += [where] * len(found)
             continue
         first_seen[rule.rule_id] = where
         rules.append(rule)

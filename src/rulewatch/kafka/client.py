@@ -46,28 +46,39 @@ class KafkaTopic:
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-def _credentials(secret_scope: str | None) -> tuple[str, str] | None:
-    if secret_scope:
+@dataclass(frozen=True)
+class _Login:
+    protocol: str
+    mechanism: str
+    username: str
+    password: str
+
+
+def _login(topic: KafkaTopic) -> _Login | None:
+    """SASL credentials for the topic's cluster, or None for plaintext."""
+    if topic.secret_scope:
         # Runtime dbutils on Databricks; elsewhere the SDK reads the scope through the workspace API.
         from databricks.sdk import WorkspaceClient
 
         secrets = WorkspaceClient().dbutils.secrets
-        return secrets.get(secret_scope, SECRET_KEYS[0]), secrets.get(secret_scope, SECRET_KEYS[1])
-    username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
-    if bool(username) != bool(password):
-        raise KafkaConfigError(f"set both {USERNAME_ENV} and {PASSWORD_ENV} (or neither, for a plaintext broker)")
-    return (username, password) if username and password else None
+        username, password = secrets.get(topic.secret_scope, SECRET_KEYS[0]), secrets.get(topic.secret_scope, SECRET_KEYS[1])
+    else:
+        username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
+        if bool(username) != bool(password):
+            raise KafkaConfigError(f"set both {USERNAME_ENV} and {PASSWORD_ENV} (or neither, for a plaintext broker)")
+        if not username or not password:
+            return None
+    return _Login(os.environ.get(PROTOCOL_ENV, "SASL_SSL"), os.environ.get(MECHANISM_ENV, "PLAIN"), username, password)
 
 
-def _jaas(username: str, password: str, shaded: bool) -> str:
+def _jaas(login: _Login, shaded: bool) -> str:
     def quoted(text: str) -> str:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    mechanism = os.environ.get(MECHANISM_ENV, "PLAIN")
-    module = {"PLAIN": "plain.PlainLoginModule"}.get(mechanism, "scram.ScramLoginModule")
+    module = "plain.PlainLoginModule" if login.mechanism == "PLAIN" else "scram.ScramLoginModule"
     # Databricks runtimes shade the Kafka client under kafkashaded.
     prefix = "kafkashaded." if shaded else ""
-    return f"{prefix}org.apache.kafka.common.security.{module} required username={quoted(username)} password={quoted(password)};"
+    return f"{prefix}org.apache.kafka.common.security.{module} required username={quoted(login.username)} password={quoted(login.password)};"
 
 
 def spark_options(topic: KafkaTopic) -> dict[str, str]:
@@ -75,25 +86,18 @@ def spark_options(topic: KafkaTopic) -> dict[str, str]:
     from rulewatch.session import is_databricks
 
     options = {"kafka.bootstrap.servers": topic.bootstrap}
-    if credentials := _credentials(topic.secret_scope):
-        options |= {
-            "kafka.security.protocol": os.environ.get(PROTOCOL_ENV, "SASL_SSL"),
-            "kafka.sasl.mechanism": os.environ.get(MECHANISM_ENV, "PLAIN"),
-            "kafka.sasl.jaas.config": _jaas(*credentials, shaded=is_databricks()),
-        }
+    if login := _login(topic):
+        jaas = _jaas(login, shaded=is_databricks())
+        options |= {"kafka.security.protocol": login.protocol, "kafka.sasl.mechanism": login.mechanism, "kafka.sasl.jaas.config": jaas}
     return options
 
 
 def client_config(topic: KafkaTopic) -> dict[str, str]:
     """librdkafka settings for the Python producer and consumer (confluent-kafka)."""
     config = {"bootstrap.servers": topic.bootstrap}
-    if credentials := _credentials(topic.secret_scope):
-        config |= {
-            "security.protocol": os.environ.get(PROTOCOL_ENV, "SASL_SSL"),
-            "sasl.mechanism": os.environ.get(MECHANISM_ENV, "PLAIN"),
-            "sasl.username": credentials[0],
-            "sasl.password": credentials[1],
-        }
+    if login := _login(topic):
+        config |= {"security.protocol": login.protocol, "sasl.mechanism": login.mechanism,
+                   "sasl.username": login.username, "sasl.password": login.password}  # fmt: skip
     return config
 
 

@@ -1,0 +1,84 @@
+"""Live mode under SIGKILL: `rulewatch stream` killed and restarted ends where the batch job ends.
+
+The same generated lines as test_crash.py, from a landing folder or a Kafka topic, through the live
+queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
+batch (silver committed, quarantine, duplicates and metrics not), at a random moment, and inside a
+gold batch; the last attempt runs until drained. Alerts must equal the job's over the same lines,
+each once; every line must be in bronze once and in exactly one of silver, quarantine, duplicates.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rulewatch.checkpoints import last_planned_batch
+from rulewatch.kafka.client import KafkaTopic, ensure_topic
+from rulewatch.kafka.produce import send_all
+from rulewatch.lakehouse import Lakehouse
+from rulewatch.pipeline import run_all, summarize
+from test_crash import RULES, _alerts, _files, _land, run_cli
+
+pytestmark = pytest.mark.spark
+
+DRAIN_SECONDS = 60
+
+
+def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: str | None = None, kill_after: float | None = None) -> int:
+    """One ``rulewatch stream`` for ``seconds``; its exit code (-9 when killed)."""
+    args = ["stream", "--lakehouse", lakehouse.root, *source, "--rules", RULES, "--duration", str(seconds)]
+    return run_cli(args, crash_at, kill_after, timeout=seconds + 300)
+
+
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory) -> tuple[Lakehouse, int]:
+    root = tmp_path_factory.mktemp("live-crash-reference")
+    lakehouse = Lakehouse(str(root / "lakehouse"))
+    for name, lines in _files():
+        _land(root / "landing", name, lines)
+    run_all(spark, lakehouse, str(root / "landing"), RULES, log=lambda _: None)
+    return lakehouse, sum(len(lines) for _, lines in _files())
+
+
+@pytest.fixture(params=["files", "kafka"])
+def source(request, tmp_path) -> list[str]:
+    if request.param == "files":
+        for name, lines in _files():
+            _land(tmp_path / "landing", name, lines)
+        return ["--landing", str(tmp_path / "landing")]
+    bootstrap = request.getfixturevalue("kafka_broker")
+    topic = KafkaTopic(bootstrap, f"live-crash-{uuid.uuid4().hex[:8]}")
+    ensure_topic(topic, partitions=1)  # the files' order, so first-wins matches the job's
+    send_all(topic, [line for _, lines in _files() for line in lines])
+    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic]
+
+
+def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, reference, source, tmp_path):
+    expected_lakehouse, landed = reference
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    kills = []
+    started = time.monotonic()
+    # Silver committed inside the first ingest batch; quarantine, duplicates and the metrics row not.
+    assert _stream(lakehouse, source, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions:0:after") == -signal.SIGKILL
+    kills.append("ingest batch 0 after silver")
+    reached = time.monotonic() - started
+    seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached
+    if _stream(lakehouse, source, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
+        kills.append(f"random kill after {seconds:.0f}s")
+    gold_batch = last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
+    if _stream(lakehouse, source, DRAIN_SECONDS, crash_at=f"rulewatch.gold.alerts:{gold_batch}:after") == -signal.SIGKILL:
+        kills.append(f"gold batch {gold_batch} after alerts")
+    assert _stream(lakehouse, source, DRAIN_SECONDS) == 0
+
+    assert len(kills) >= 2, kills
+    expected, actual = _alerts(spark, expected_lakehouse), _alerts(spark, lakehouse)
+    assert len(expected) > 20
+    assert actual == expected, kills  # none missing, none twice
+    after, before = summarize(spark, lakehouse), summarize(spark, expected_lakehouse)
+    assert after.bronze == landed and after.balanced
+    assert (after.silver, after.quarantined, after.duplicates, after.late) == (before.silver, before.quarantined, before.duplicates, before.late)
