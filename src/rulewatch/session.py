@@ -28,6 +28,9 @@ LOCAL_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # The .crc file beside each commit costs a state computation per append; live micro-batches make
+    # several appends each (docs/benchmarks.md, "Live mode latency": batches ~5-10% shorter without).
+    "spark.databricks.delta.writeChecksumFile.enabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
