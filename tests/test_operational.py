@@ -210,3 +210,32 @@ def test_a_run_without_an_active_rule_warns_first():
     assert quiet.lines()[0] == NO_RULES_WARNING and "active rules     0" in quiet.lines()
     ruled = Summary(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0, active_rules=2)
     assert NO_RULES_WARNING not in ruled.lines() and "active rules     2" in ruled.lines()
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"rulewatch {version('rulewatch')}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--lakehouse", "L"], "either as --transactions FOLDER or as --kafka-topic TOPIC"),
+        (["run", "--lakehouse", "L", "--transactions", "fixtures/transactions", "--kafka-topic", "t", "--kafka-bootstrap", "h:1"], "either as --transactions"),
+        (["run", "--lakehouse", "L", "--kafka-topic", "payments"], "--kafka-topic payments needs Kafka bootstrap servers"),
+        (["run", "--lakehouse", "L", "--kafka-topic", "pay ments", "--kafka-bootstrap", "h:1"], "not a valid topic name"),
+        (["run", "--lakehouse", "L", "--kafka-topic", "p", "--kafka-bootstrap", "nohost"], "is not host:port"),
+        (["run", "--lakehouse", "L", "--kafka-topic", "p", "--kafka-bootstrap", "h:1", "--kafka-max-offsets", "0"], "at least 1"),
+        (["run", "--lakehouse", "L", "--transactions", "fixtures/transactions", "--alerts-topic", "a"], "--alerts-topic a needs Kafka bootstrap"),
+        (["stream", "--lakehouse", "L", "--landing", "x", "--kafka-topic", "p", "--kafka-bootstrap", "h:1"], "not both"),
+        (["generate", "--duration", "1"], "--landing FOLDER or --kafka-topic TOPIC"),
+    ],
+)
+def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("rulewatch: ") and len(err.strip().splitlines()) == 1

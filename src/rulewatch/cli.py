@@ -111,9 +111,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rulewatch")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
+    parser.add_argument("--version", action="version", version=f"rulewatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="process everything landed once (bronze -> silver -> gold) and summarise")
     run.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")

@@ -35,14 +35,17 @@ def source_of(
     secret_scope: str | None = None,
     starting_offsets: str = "earliest",
     max_offsets: int | None = None,
+    flag: str = "Kafka topic",
 ) -> KafkaSource | None:
     """The Kafka source named, or None for the landing folder."""
-    named = topic_of(bootstrap, topic, secret_scope, "Kafka topic")
+    named = topic_of(bootstrap, topic, secret_scope, flag)
     return KafkaSource(named, starting_offsets or "earliest", max_offsets) if named else None
 
 
 def source(args: argparse.Namespace) -> KafkaSource | None:
-    return source_of(args.kafka_bootstrap, args.kafka_topic, args.kafka_secret_scope, args.kafka_starting_offsets, args.kafka_max_offsets)
+    return source_of(
+        args.kafka_bootstrap, args.kafka_topic, args.kafka_secret_scope, args.kafka_starting_offsets, args.kafka_max_offsets, "--kafka-topic"
+    )
 
 
 def alerts_topic(args: argparse.Namespace) -> KafkaTopic | None:
