@@ -66,3 +66,31 @@ def kafka_broker(tmp_path_factory):
     started = broker.start(directory)
     yield started.bootstrap
     broker.stop(directory)
+
+
+def consume_all(topic, expected: int, timeout: float = 60) -> list[dict]:
+    """Every record on ``topic`` (values as JSON), reading until ``expected`` arrived and the topic stays quiet."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    from rulewatch.kafka.client import client_config
+
+    consumer = Consumer(client_config(topic) | {"group.id": f"test-{uuid.uuid4()}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic.topic])
+    records: list[dict] = []
+    deadline, quiet_since = time.monotonic() + timeout, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                if len(records) >= expected and time.monotonic() - quiet_since > 3:
+                    break
+                continue
+            assert message.error() is None, message.error()
+            records.append({"key": message.key().decode(), **json.loads(message.value())})
+            quiet_since = time.monotonic()
+    finally:
+        consumer.close()
+    return records

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from conftest import FIXTURES, bronze_frame
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.pipeline import Summary, run_all
-from rulewatch.silver import PAYMENT_TYPES_ENV, parse
+from rulewatch.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
 
 T0 = 1793527200000  # 2026-11-01T10:00:00Z
 MINUTE = 60_000
@@ -88,6 +88,18 @@ def bad_run(spark, tmp_path_factory) -> BadRun:
 
 def test_every_bad_kind_is_quarantined_with_its_reason(bad_run):
     assert bad_run.summary.quarantine_reasons == dict(Counter(reason for _, reason in BAD))
+
+
+def test_every_quarantined_line_carries_a_stable_reason_code(spark, bad_run):
+    codes = ["malformed_json", "blank_line", "missing_transaction_id", "missing_event_time", "unparsable_event_time",
+             "unparsable_event_time", "wrong_type", "wrong_type", "amount_not_a_number", "amount_not_a_number",
+             "amount_negative", "amount_too_large", "amount_too_precise", "unknown_payment_type", "event_time_in_future",
+             "malformed_json"]  # fmt: skip
+    assert len(codes) == len(BAD)
+    rows = spark.read.format("delta").load(bad_run.lakehouse.silver_quarantine).collect()
+    by_reason = {r.reason: r.reason_code for r in rows}
+    assert [by_reason[reason] for _, reason in BAD] == codes
+    assert {code for _, code in REASON_CODES} >= set(codes) and OTHER_REASON not in by_reason.values()
 
 
 def test_every_landed_line_is_accounted_for(bad_run):

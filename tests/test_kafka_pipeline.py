@@ -8,18 +8,15 @@ alerts topic with a real consumer.
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 import uuid
-from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import FIXTURES
+from conftest import FIXTURES, consume_all
 from rulewatch.gold import GoldSettings
-from rulewatch.kafka.client import KafkaTopic, client_config, ensure_topic
+from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import Lakehouse
@@ -33,29 +30,6 @@ BAD_RECORDS = [b'{"transactionId": "k-bad-utf8", "eventTime": 1, "payeeId": "\xf
 
 def _fixture_lines() -> list[str]:
     return [line for path in sorted((FIXTURES / "transactions").glob("*.jsonl")) for line in path.read_text().splitlines()]
-
-
-def _consume_all(topic: KafkaTopic, expected: int, timeout: float = 60) -> list[dict]:
-    """Every record on ``topic`` (values as JSON), reading until ``expected`` arrived and the topic stays quiet."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(client_config(topic) | {"group.id": f"test-{uuid.uuid4()}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic.topic])
-    records: list[dict] = []
-    deadline, quiet_since = time.monotonic() + timeout, time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                if len(records) >= expected and time.monotonic() - quiet_since > 3:
-                    break
-                continue
-            assert message.error() is None, message.error()
-            records.append({"key": message.key().decode(), **json.loads(message.value())})
-            quiet_since = time.monotonic()
-    finally:
-        consumer.close()
-    return records
 
 
 def _decisions(frame) -> list[tuple]:
@@ -116,7 +90,7 @@ def test_records_no_file_could_carry_are_quarantined_with_reasons(spark, fixture
 
 def test_every_alert_is_on_the_alerts_topic_keyed_by_rule_and_group(spark, kafka_run):
     lakehouse, summary, topic = kafka_run
-    published = _consume_all(topic, summary.alerts)
+    published = consume_all(topic, summary.alerts)
     table = spark.read.format("delta").load(lakehouse.alerts).collect()
     assert sorted(r["alert_id"] for r in published) == sorted(r.alert_id for r in table)
     assert all(r["key"] == f"{r['rule_id']}:{r['group_key']}" for r in published)
@@ -146,7 +120,7 @@ def test_kill_and_restart_over_kafka_loses_no_alert_and_duplicates_none_in_delta
     assert _decisions(table) == _decisions(reference)
     ids = [r.alert_id for r in table.collect()]
     assert len(ids) == len(set(ids))
-    published = [r["alert_id"] for r in _consume_all(alerts, len(ids))]
+    published = [r["alert_id"] for r in consume_all(alerts, len(ids))]
     assert set(published) == set(ids)  # at least once: a replayed batch may publish an alert twice, same id
     bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
     assert bronze.count() == bronze.select("kafka_partition", "kafka_offset").distinct().count() == len(_fixture_lines()) + len(BAD_RECORDS)

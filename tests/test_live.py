@@ -70,3 +70,27 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     assert landed == bronze.count()
     with pytest.raises(CheckpointError, match="ingested by live mode"):
         check_queries(lakehouse, "bronze")  # the batch job would read every landed file again
+
+
+def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, tmp_path, kafka_broker):
+    from conftest import consume_all
+
+    from rulewatch.gold import GoldSettings
+    from rulewatch.kafka.client import KafkaTopic
+    from rulewatch.kafka.source import KafkaSource
+
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    for path in DEMO_RULES:
+        apply_rules_file(spark, lakehouse, path)
+    alerts_topic = KafkaTopic(kafka_broker, "demo-alerts")
+    settings = LiveSettings(trigger="200 milliseconds", gold=GoldSettings(shards=4, alerts_topic=alerts_topic))
+    lines: list[str] = []
+    report = demo(spark, lakehouse, KafkaSource(KafkaTopic(kafka_broker, "demo-payments")), tmp_path / "labels",
+                  GeneratorConfig(rate=40, duration=11, pattern_every=1, run_id="3"), settings, drain_timeout=240, log=lines.append)  # fmt: skip
+    assert report.caught_up, "\n".join(lines)
+    assert all(s.caught == s.injected > 0 for s in report.score.patterns.values()), report.score.patterns
+    assert report.score.false_positives == []
+    bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
+    assert bronze.count() == report.generated.events and bronze.where("kafka_topic = 'demo-payments'").count() == bronze.count()
+    table = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}
+    assert {r["alert_id"] for r in consume_all(alerts_topic, len(table))} == table

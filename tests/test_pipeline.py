@@ -7,7 +7,6 @@ from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
 
-import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType

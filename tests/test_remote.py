@@ -16,7 +16,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from databricks.sdk.service.jobs import BaseJob, Job, Run
 from databricks.sdk.service.sql import StatementResponse
 
 from conftest import ROOT

@@ -123,9 +123,9 @@ def test_rule_effectiveness_counts_alerts_per_1k_events_and_keys_near_their_limi
 
 
 def test_operations_page_counts_quarantine_reasons_and_rule_changes(masked, fixture_run):
-    reasons = {r.reason: r["sum(lines)"] for r in _run_widget(masked, "quarantine_chart")}
+    reasons = {r.reason_code: r["sum(lines)"] for r in _run_widget(masked, "quarantine_chart")}
     assert sum(reasons.values()) == fixture_run.summary.quarantined == 6
-    assert reasons["missing eventTime"] == 1
+    assert reasons["missing_event_time"] == 1 and "other" not in reasons
     changes = _run_widget(masked, "rule_history")
     assert sorted((r.rule_id, r.change) for r in changes) == [(i, "inserted") for i in (1, 2, 3, 4)]
     assert all(r.rule_description for r in changes)

@@ -217,9 +217,10 @@ def _latency(spark: SparkSession) -> Section:
 
 
 def _quarantine(spark: SparkSession) -> Section:
-    rows = _query(spark, "SELECT reason, lines FROM quarantine_reasons ORDER BY lines DESC, reason")
-    body = horizontal_bars([r.reason for r in rows], [r.lines for r in rows], "Quarantine reasons") if rows else '<p class="empty">Nothing quarantined.</p>'
-    return Section("Quarantine reasons", "Lines that failed validation; a line failing several checks counts under each.", body)
+    rows = _query(spark, "SELECT reason_code, lines, example FROM quarantine_reasons ORDER BY lines DESC, reason_code")
+    labels = [f"{r.reason_code} (e.g. {r.example})" for r in rows]
+    body = horizontal_bars(labels, [r.lines for r in rows], "Quarantine reasons") if rows else '<p class="empty">Nothing quarantined.</p>'
+    return Section("Quarantine reasons", "Lines that failed validation, by reason code with one example; a line failing several checks counts under each.", body)
 
 
 def _effectiveness(spark: SparkSession) -> Section:

@@ -64,6 +64,7 @@ SILVER = StructType([
 QUARANTINE = StructType([
     StructField("value", StringType()),
     StructField("reason", StringType(), False),
+    StructField("reason_code", StringType(), metadata={"comment": "Stable code of each reason, '; '-separated like reason (silver.REASON_CODES); group charts by it"}),
     StructField("source_file", StringType()),
     StructField("ingest_time", TimestampType()),
     StructField("silver_batch_id", LongType()),

@@ -89,6 +89,41 @@ def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
     ]
 
 
+# Each reason's stable code, for charts and alerting on quarantine: the reason text names the bad
+# value, so grouping by it explodes on real traffic. (regex on the reason, code); first match wins.
+REASON_CODES: list[tuple[str, str]] = [
+    (r"^not valid UTF-8", "not_utf8"),
+    (r"^blank line", "blank_line"),
+    (r"^malformed JSON", "malformed_json"),
+    (r"^duplicate key", "duplicate_key"),
+    (r"^trailing content", "trailing_content"),
+    (r"^missing transactionId", "missing_transaction_id"),
+    (r"^missing eventTime", "missing_event_time"),
+    (r"^unparsable eventTime", "unparsable_event_time"),
+    (r"^eventTime .* is before ", "event_time_too_early"),
+    (r"^eventTime .* after its ingest time", "event_time_in_future"),
+    (r"^paymentAmount (must be a plain|is not a number)", "amount_not_a_number"),
+    (r"^negative paymentAmount", "amount_negative"),
+    (r"^paymentAmount above ", "amount_too_large"),
+    (r"^paymentAmount has more than 2 decimal", "amount_too_precise"),
+    (r"^unknown paymentType", "unknown_payment_type"),
+    (r" must be text, got ", "wrong_type"),
+]
+OTHER_REASON = "other"
+
+
+def reason_codes(reasons: Column) -> Column:
+    """The codes of ``reasons`` (an array of reason texts), in order, joined by ``; `` like the texts."""
+
+    def code(reason: Column) -> Column:
+        chosen = F.lit(OTHER_REASON)
+        for pattern, name in reversed(REASON_CODES):
+            chosen = F.when(reason.rlike(pattern), F.lit(name)).otherwise(chosen)
+        return chosen
+
+    return F.array_join(F.transform(reasons, code), "; ")
+
+
 def future_tolerance() -> str:
     """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
     return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
@@ -304,7 +339,8 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
             ("accepted", lakehouse.silver_transactions, "transactions",
              [*[c for c in schema.SILVER.fieldNames() if c != "silver_batch_id"], batch]),
             ("quarantined", lakehouse.silver_quarantine, "quarantine",
-             ["value", F.concat_ws("; ", "reasons").alias("reason"), "source_file", "ingest_time", batch]),
+             ["value", F.concat_ws("; ", "reasons").alias("reason"), reason_codes(F.col("reasons")).alias("reason_code"),
+              "source_file", "ingest_time", batch]),
             ("duplicates", lakehouse.silver_duplicates, "duplicates",
              ["transaction_id", "value", "source_file", "ingest_time", batch]),
         ]  # fmt: skip

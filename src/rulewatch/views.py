@@ -178,11 +178,14 @@ WHERE layer = 'gold'""",
     ),
     View(
         "quarantine_reasons",
-        "Quarantined lines per reason (a line failing several checks counts under each)",
+        "Quarantined lines per reason code (a line failing several checks counts under each), with one example reason",
         """
-SELECT reason, count(*) AS lines, min(ingest_time) AS first_seen, max(ingest_time) AS last_seen
-FROM (SELECT explode(split(reason, '; ')) AS reason, ingest_time FROM {quarantine})
-GROUP BY reason""",
+SELECT reason_code, count(*) AS lines, min(ingest_time) AS first_seen, max(ingest_time) AS last_seen, min(example) AS example
+FROM (
+  SELECT code AS reason_code, element_at(split(reason, '; '), i + 1) AS example, ingest_time
+  FROM {quarantine} LATERAL VIEW posexplode(split(coalesce(reason_code, 'uncoded'), '; ')) codes AS i, code
+)
+GROUP BY reason_code""",
     ),
     View(
         "rule_changes",
