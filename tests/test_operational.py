@@ -239,3 +239,18 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("rulewatch: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.spark
+def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
+    # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
+    # JVM's stderr at every query start; session.py filters those lines out of the user's terminal.
+    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lh"),
+               "--transactions", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alerts           10" in done.stdout and "gold: done" in done.stdout
+    output = done.stdout + done.stderr
+    assert "TransformWithStateInPandas" not in output and "setLogLevel" not in output
+    assert max(len(line) for line in output.splitlines()) < 300

@@ -143,3 +143,12 @@ def test_pipeline_metrics_account_for_every_batch_of_every_layer(spark, fixture_
         ids = sorted(r.batch_id for r in batches)
         assert ids == list(range(len(ids))), f"{layer} metrics batches {ids}"
         assert all(r.batch_start <= r.batch_end and r.processing_ms >= 0 for r in batches)
+
+
+def test_latest_alerts_are_the_newest_by_event_time_in_reading_order(spark, fixture_run):
+    from rulewatch.pipeline import latest_alerts
+
+    every = spark.read.format("delta").load(fixture_run.lakehouse.alerts).orderBy("event_time", "rule_id", "transaction_id").collect()
+    assert len(every) > 3
+    shown = latest_alerts(spark, fixture_run.lakehouse, limit=3).collect()
+    assert [r.transaction_id for r in shown] == [r.transaction_id for r in every[-3:]]

@@ -52,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _, summary = run_all(spark, lakehouse, source, args.rules, settings)
     print("\n".join(summary.lines()))
     if summary.alerts:
-        print("alerts (first 20 by event time):")
+        print("alerts (the latest 20 by event time):")
         for row in latest_alerts(spark, lakehouse).collect():
             print(
                 f"  rule {row.rule_id}  key {row.group_key:<22} txn {row.transaction_id:<10} "

@@ -177,10 +177,12 @@ def run_all(
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):
-    return (
+    """The ``limit`` alerts with the newest event times, shown oldest first so they read in order."""
+    newest = (
         spark.read.format("delta")
         .load(lakehouse.alerts)
-        .orderBy(F.col("event_time"), F.col("rule_id"))
+        .orderBy(F.col("event_time").desc(), F.col("rule_id").desc(), F.col("transaction_id").desc())
         .select("rule_id", "group_key", "transaction_id", "event_time", "aggregate_value", "operator", "limit", "event_count")
         .limit(limit)
     )
+    return newest.orderBy("event_time", "rule_id", "transaction_id")

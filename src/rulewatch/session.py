@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -35,6 +39,45 @@ LOCAL_CONF: dict[str, str] = {
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
 }
+
+
+# Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
+# prints its UDF and schemas (kilobytes) each time a query starts, and Spark's start-up banner tells
+# how to change a log level. RULEWATCH_JVM_OUTPUT=all keeps them.
+_NOISE = re.compile(
+    rb"^(Starting )?Streaming TransformWithStateInPandas Python worker|^\s*$|^WARNING: Using incubator modules"
+    rb"|^Setting default log level to|^To adjust logging level use"
+)
+
+
+def _forward(pipe_fd: int, target_fd: int) -> None:
+    with os.fdopen(pipe_fd, "rb") as pipe:
+        for line in pipe:
+            if not _NOISE.match(line):
+                os.write(target_fd, line)
+
+
+@contextmanager
+def _jvm_stderr_filtered() -> Iterator[None]:
+    """While the JVM starts, its stderr (fd 2, inherited) becomes a pipe that drops ``_NOISE`` lines.
+
+    Only the JVM keeps the pipe: this process gets its own stderr back at once, so nothing it prints
+    itself depends on the forwarding thread.
+    """
+    if os.environ.get("RULEWATCH_JVM_OUTPUT") == "all":
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    real_stderr = os.dup(2)
+    sys.stderr.flush()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    threading.Thread(target=_forward, args=(read_fd, real_stderr), name="rulewatch-jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real_stderr, 2)
 
 
 def is_databricks() -> bool:
@@ -70,4 +113,5 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
     log_config = Path(__file__).with_name("log4j2.properties")
     builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log_config}")
-    return builder.getOrCreate()
+    with _jvm_stderr_filtered():
+        return builder.getOrCreate()
