@@ -120,13 +120,14 @@ class Driver:
             del self.timers[k]
         return fired
 
-    def run_batch(self, events: list[dict], watermark_ms: int = 0, shuffle: bool = True):
+    def run_batch(self, events: list[dict], watermark_ms: int = 0, shuffle: bool = True, next_watermark_ms: int = 0):
         rows = key_rows(events, self.book)
         if shuffle:
             self.rng.shuffle(rows)
         if watermark_ms > 0:
             self.fire_timers(watermark_ms)
-        result = evaluate_batch(frame(rows), self.book, self.store.get, watermark_ms)
+        self.next_watermark_ms = next_watermark_ms
+        result = evaluate_batch(frame(rows), self.book, self.store.get, watermark_ms, next_watermark_ms)
         for key, blob in result.writes.items():
             if blob is None:
                 self.store.pop(key, None)
@@ -167,12 +168,14 @@ def run_stream(events, rules, cuts=None, lateness=None, rng=None, book=None, on_
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         batch = ordered[lo:hi]
         wm = 0 if lateness is None or newest is None else max(newest - lateness, 0)
-        result = d.run_batch(batch, wm)
-        if on_batch is not None:
-            on_batch(d, ordered[:hi], batch, wm, result)
         if batch:
             top = max(int(e["eventTime"]) for e in batch)
             newest = top if newest is None else max(newest, top)
+        # As in Spark: the next batch's watermark is at least this batch's newest event minus the lateness.
+        next_wm = 0 if lateness is None or newest is None else max(newest - lateness, 0)
+        result = d.run_batch(batch, wm, next_watermark_ms=next_wm)
+        if on_batch is not None:
+            on_batch(d, ordered[:hi], batch, wm, result)
     return d
 
 
@@ -418,7 +421,9 @@ def check_state(rules):
             horizon = wm - retention if wm > 0 else -(2**63)
             want = sorted((e["eventTime"], e["transactionId"]) for e in mine if e["eventTime"] >= horizon)
             if blob is None:
-                assert not want, (key, want)
+                # Nothing left, or nothing an event at or after the next watermark could see.
+                inert = bool(mine) and max(e["eventTime"] for e in mine) + max(retention, memory_span) < d.next_watermark_ms
+                assert not want or inert, (key, want)
                 continue
             cols, memory = decode_history(blob)
             got = sorted(zip(cols["eventTime"].tolist(), cols["transactionId"].tolist()))
@@ -516,11 +521,11 @@ def run_arrivals(batches: list[list[dict]], rules: list[dict], lateness: int, rn
     newest, on_time = None, []
     for batch in batches:
         wm = 0 if newest is None else max(newest - lateness, 0)
-        d.run_batch(batch, wm)
-        on_time.append([e for e in batch if not (wm > 0 and e["eventTime"] < wm)])
         if batch:
             top = max(e["eventTime"] for e in batch)
             newest = top if newest is None else max(newest, top)
+        d.run_batch(batch, wm, next_watermark_ms=0 if newest is None else max(newest - lateness, 0))
+        on_time.append([e for e in batch if not (wm > 0 and e["eventTime"] < wm)])
     return d, on_time
 
 
@@ -600,7 +605,8 @@ def test_rule_changes_between_batches(events, rules, data):
             current[rid] = (body, version)
         batch = ordered[lo:hi]
         wm = 0 if lateness is None or newest is None else newest - lateness
-        result = d.run_batch(batch, wm)
+        top = max([newest or 0, *(e["eventTime"] for e in batch)])
+        result = d.run_batch(batch, wm, next_watermark_ms=0 if lateness is None or not top else top - lateness)
         active = [body for body, _ in current.values()]
         ids = {e["transactionId"] for e in batch}
         want = [a for a in oracle(ordered[:hi], active) if a["transaction_id"] in ids]
@@ -989,3 +995,24 @@ def test_longest_accepted_window_does_not_crash():
     r = sum_rule(1, window="106751991167d")  # 9_223_372_036_828_800_000 ms, accepted by parse_rule
     events = [pay("a", T0, 1), pay("b", T0 + 8 * 3_600_000, 1)]  # 8 hours apart
     assert brief(run_stream(events, [r]).alerts()) == brief(oracle(events, [r])) == [("a", Decimal(1)), ("b", Decimal(2))]
+
+
+def test_a_batch_spanning_hours_writes_only_the_keys_a_later_event_can_still_see():
+    """A backfill batch: 24 keys, one an hour. With the next watermark known, keys whose window and
+    lateness have passed are deleted, not written; alerts of the next batch are unchanged."""
+    r = ref_rule(windowMinutes=60)
+    backfill = [pay(f"b{h}", T0 + h * 60 * MIN, 15, payee=f"p{h}") for h in range(24)]
+    newest, lateness = backfill[-1]["eventTime"], 30 * MIN
+    late_enough = [pay("x1", newest, 6, payee="p23"), pay("x2", newest, 6, payee="p22"), pay("x3", newest, 6, payee="p0")]
+    results = {}
+    for floor in (0, newest - lateness):
+        d = Driver(make_book([r]))
+        first = d.run_batch(backfill, next_watermark_ms=floor)
+        d.run_batch(late_enough, newest - lateness)
+        results[floor] = (first, brief(d.alerts()))
+    (full, alerts_full), (trimmed, alerts_trimmed) = results[0], results[newest - lateness]
+    assert alerts_trimmed == alerts_full == [("x1", Decimal(21)), ("x2", Decimal(21))]
+    # p21's event is 2 h before the newest: its 60 min window closed 30 min before the next watermark
+    kept = sorted(k.split(KEY_SEPARATOR)[1] for k, v in trimmed.writes.items() if v is not None)
+    assert kept == ["p22|CSH", "p23|CSH"]
+    assert len([v for v in full.writes.values() if v is not None]) == 24

@@ -181,12 +181,15 @@ def evaluate_batch(
     book: RuleBook,
     load: Callable[[str], bytes | None],
     watermark_ms: int,
+    next_watermark_ms: int = 0,
 ) -> BatchResult:
     """Evaluate every active rule on every event of the batch over its exact look-back window.
 
     ``events`` has one row per (event, keyset): columns ``keyset``, ``group_key`` and the event
     fields (money as int64 minor units plus a ``<field>_null`` mask). Events older than the
     watermark are past the allowed lateness: reported as ``late`` rows, neither evaluated nor kept.
+    ``next_watermark_ms`` (0: unknown) is a floor on the watermark of the next batch: a key that
+    expires before it holds nothing any later event can see, so it is deleted instead of written.
     """
     rows: list[dict] = []
     if watermark_ms > 0:
@@ -226,7 +229,7 @@ def evaluate_batch(
             rows.extend(_evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories))
     if watermark_ms > 0:
         _fold_buckets(key_keyset, cols, group, memories, book, watermark_ms)
-    return BatchResult(rows, *_write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms))
+    return BatchResult(rows, *_write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms, next_watermark_ms))
 
 
 def _fold_buckets(
@@ -312,10 +315,13 @@ def _write_back(
     memories: list[dict],
     book: RuleBook,
     watermark_ms: int,
+    next_watermark_ms: int,
 ) -> tuple[dict[str, bytes | None], dict[str, int]]:
     """Each touched key's new blob (None: nothing left to keep) and expiry time.
 
-    Rows are sorted by (key, time), so what a key keeps is a contiguous run ending at its last row."""
+    Rows are sorted by (key, time), so what a key keeps is a contiguous run ending at its last row.
+    A key expiring before ``next_watermark_ms`` is deleted: its cleanup timer would fire before any
+    event could read it (a batch spanning hours, such as a backfill, touches many such keys)."""
     bounds = np.searchsorted(group, np.arange(len(keys) + 1))
     event_time = cols["eventTime"]
     spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
@@ -332,6 +338,10 @@ def _write_back(
     writes: dict[str, bytes | None] = {}
     expiry: dict[str, int] = {}
     for g, key in enumerate(keys):
+        expires = key_expiry(last_time[g], int(retention[g]), memory_span[g])
+        if expires < next_watermark_ms:
+            writes[key] = None
+            continue
         a, b = int(keep_from[g]), int(bounds[g + 1])
         memory = memories[g]
         if watermark_ms > 0 and memory:
@@ -344,7 +354,7 @@ def _write_back(
         for name in _TEXT_COLUMNS:
             flat.extend(text_lists[name][a:b])
         writes[key] = pickle.dumps((_FORMAT, b - a, arrays, flat, memory), protocol=5)
-        expiry[key] = key_expiry(last_time[g], int(retention[g]), memory_span[g])
+        expiry[key] = expires
     return writes, expiry
 
 

@@ -102,10 +102,18 @@ def _read_entry(text: str) -> tuple[dict[str, int] | None, set[str]]:
     return None, set(lines)
 
 
+# The per-key layout's record of which keys a shard stores, kept under a history key no state key
+# can take (state keys start with a keyset, which never starts with "#").
+_MEMBERS = "#members"
+
+
 class HistoryStore:
     """State key -> history blob over one MapState, in one of two layouts.
 
     ``slots == 0``: one entry per key, so a batch reads and writes exactly the keys it touches.
+    It also keeps the shard's set of stored keys in one entry, so a key never seen (or already
+    purged) costs no read and deleting it no call: with many keys, most keys a batch touches are
+    new. Shards whose state predates that entry read every key, as before.
     ``slots > 0``: keys hashed into that many entries per shard, so a batch pays one state round
     trip per touched slot instead of per key, but rewrites every key sharing a touched slot. That
     wins when most keys are touched every batch and loses when few of many keys are
@@ -113,6 +121,7 @@ class HistoryStore:
 
     Reads and writes go by the batch (state_batch.py): pipelined on the state socket when
     ``pipeline`` is set and pyspark's internals allow it, one round trip per entry otherwise.
+    Call ``open`` at the start of every handler call (state is per shard) and ``flush`` at its end.
     """
 
     def __init__(self, state: MapState, slots: int, pipeline: bool) -> None:
@@ -120,8 +129,22 @@ class HistoryStore:
         self.slots = slots
         self._loaded: dict[str, dict[str, bytes]] = {}
         self._dirty: set[str] = set()
+        self._members: set[str] | None = None
+        self._members_changed = False
         self.rows_written = 0
         self.bytes_written = 0
+
+    def open(self, fresh: bool) -> None:
+        """Start a handler call; ``fresh``: this shard has stored nothing yet."""
+        self._members, self._members_changed = None, False
+        if self.slots:
+            return
+        if fresh:
+            self._members, self._members_changed = set(), True
+            return
+        (stored,) = self.state.get_many([(_MEMBERS,)])
+        if stored is not None:
+            self._members = set(pickle.loads(stored[0]))
 
     def _slot(self, key: str) -> str:
         return f"#slot{zlib.crc32(key.encode()) % self.slots}"
@@ -135,8 +158,12 @@ class HistoryStore:
         """Each key's blob (None: nothing stored)."""
         if not self.slots:
             wanted = list(dict.fromkeys(keys))
-            stored = self.state.get_many([(key,) for key in wanted])
-            return {key: value[0] if value else None for key, value in zip(wanted, stored)}
+            members = self._members
+            found: dict[str, bytes | None] = dict.fromkeys(wanted)
+            stored_keys = wanted if members is None else [key for key in wanted if key in members]
+            stored = self.state.get_many([(key,) for key in stored_keys])
+            found.update((key, value[0] if value else None) for key, value in zip(stored_keys, stored))
+            return found
         slot_of = {key: self._slot(key) for key in keys}
         self._load_slots(slot_of.values())
         return {key: self._loaded[slot].get(key) for key, slot in slot_of.items()}
@@ -144,6 +171,15 @@ class HistoryStore:
     def put_many(self, blobs: Mapping[str, bytes | None]) -> None:
         """Store each key's blob; None deletes the key."""
         if not self.slots:
+            members = self._members
+            if members is not None:
+                blobs = {key: blob for key, blob in blobs.items() if blob is not None or key in members}
+                for key, blob in blobs.items():
+                    if blob is None:
+                        members.discard(key)
+                    else:
+                        members.add(key)
+                self._members_changed |= bool(blobs)
             self._write(list(blobs.items()))
             return
         slot_of = {key: self._slot(key) for key in blobs}
@@ -158,9 +194,14 @@ class HistoryStore:
 
     def flush(self) -> None:
         entries = {slot: self._loaded[slot] for slot in self._dirty}
-        self._write([(slot, pickle.dumps(e, protocol=5) if e else None) for slot, e in entries.items()])
+        writes = [(slot, pickle.dumps(e, protocol=5) if e else None) for slot, e in entries.items()]
+        if self._members is not None and self._members_changed:
+            # Sorted: the same keys give the same bytes whatever the worker's string hash seed.
+            writes.append((_MEMBERS, pickle.dumps(sorted(self._members), protocol=5)))
+        self._write(writes)
         self._loaded.clear()
         self._dirty.clear()
+        self._members_changed = False
 
     def _write(self, blobs: list[tuple[str, bytes | None]]) -> None:
         self.state.write_many([((key,), None if blob is None else (blob,)) for key, blob in blobs])
@@ -173,9 +214,12 @@ class HistoryStore:
 class RuleProcessor(StatefulProcessor):
     """Evaluates every active rule on every event of a shard over its exact look-back window."""
 
-    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0) -> None:
+    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None) -> None:
         self.granularity = cleanup_granularity_ms
         self.state_slots = state_slots
+        # The query's watermark delay (None: unknown): the next batch's watermark is at least this
+        # batch's newest event time minus it, so keys expiring before that need not be written.
+        self.lateness_ms = lateness_ms
         # Read where the query is built (driver or Connect client) and pickled with the processor:
         # the Python workers' environment is not the caller's to set.
         self.state_pipeline = pipeline_requested()
@@ -234,16 +278,19 @@ class RuleProcessor(StatefulProcessor):
         self.rules.update((text,))
         self._book_cache = (text, book)
 
-    def _check_layout(self) -> None:
+    def _check_layout(self) -> bool:
+        """Whether this shard is new (nothing stored yet); raises if its layout is not this one's."""
         wanted = f"slots={self.state_slots}"
         stored = self.layout.get()
         if stored is None:
             self.layout.update((wanted,))
-        elif stored[0] != wanted:
+            return True
+        if stored[0] != wanted:
             raise ValueError(
                 f"this checkpoint's evaluator state was written with {stored[0]}, not {wanted}; "
                 "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
             )
+        return False
 
     def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
         # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
@@ -276,12 +323,16 @@ class RuleProcessor(StatefulProcessor):
             self._apply_commands(batch[is_command])
         events = batch[~(is_rule | is_command)]
         if not events.empty:
-            self._check_layout()
+            self.history.open(fresh=self._check_layout())
             book = self._book()
             # Every key the engine can ask for, read as one batch. Late events' keys are included
             # (a few reads more); a key outside the batch raises instead of reading as empty.
             stored = self.history.get_many((events["keyset"] + KEY_SEPARATOR + events["group_key"]).unique())
-            result = evaluate_batch(events, book, stored.__getitem__, timerValues.getCurrentWatermarkInMs())
+            watermark = timerValues.getCurrentWatermarkInMs()
+            next_watermark = 0
+            if self.lateness_ms is not None:
+                next_watermark = max(watermark, int(events["eventTime"].max()) - self.lateness_ms, 0)
+            result = evaluate_batch(events, book, stored.__getitem__, watermark, next_watermark)
             self.history.rows_written = self.history.bytes_written = 0
             self.history.put_many(result.writes)
             self.history.flush()
@@ -304,6 +355,7 @@ class RuleProcessor(StatefulProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         at = expiredTimerInfo.getExpiryTimeInMs()
+        self.history.open(fresh=False)
         entry = self.expiry.getValue((at,))
         self.expiry.removeKey((at,))
         watermark = timerValues.getCurrentWatermarkInMs()

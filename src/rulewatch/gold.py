@@ -104,7 +104,9 @@ def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings)
         .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
         .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
     )
-    processor = RuleProcessor(parse_duration(settings.cleanup_granularity), settings.state_slots)
+    processor = RuleProcessor(
+        parse_duration(settings.cleanup_granularity), settings.state_slots, parse_duration(settings.allowed_lateness)
+    )
     return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
 
 
