@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from rulewatch import schema
 from rulewatch.gold import GoldSettings, _events, ensure_gold_tables, evaluated, start_gold
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.rules import parse_rules
 from rulewatch.rules_table import apply_rules
 from rulewatch.silver import ensure_silver_tables
@@ -104,10 +105,11 @@ def bench(
     apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": limit}]))
     ensure_gold_tables(spark, lakehouse)
     settings = GoldSettings(shards=shards, max_files_per_trigger=1)
+    # The same read, keying and packing as the evaluator; each shard's events unpacked and counted.
     passthrough = (
-        _events(spark, lakehouse, settings)
+        pack(_events(spark, lakehouse, settings))
         .groupBy("shard")
-        .applyInPandas(lambda frame: pd.DataFrame({"n": [len(frame)]}), "n long")
+        .applyInPandas(lambda frame: pd.DataFrame({"n": [len(unpack(frame[PACKED_COLUMN]))]}), "n long")
     )
     results = [_run("stateless pass-through", passthrough, lakehouse.checkpoint("bench-passthrough"), events)]
     for slots in slot_options:

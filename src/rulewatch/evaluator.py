@@ -27,6 +27,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from rulewatch.commands import CLEAR_STATE
 from rulewatch.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
+from rulewatch.packing import PACKED_COLUMN, unpack
 from rulewatch.schema import RULE_FIELDS
 from rulewatch.state_batch import batched_map, pipeline_requested
 from rulewatch.windows import MAX_SPAN_MS
@@ -321,8 +322,9 @@ class RuleProcessor(StatefulProcessor):
             out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
         if is_command.any():
             self._apply_commands(batch[is_command])
-        events = batch[~(is_rule | is_command)]
-        if not events.empty:
+        packed = batch[PACKED_COLUMN].dropna()
+        if not packed.empty:
+            events = unpack(packed)
             self.history.open(fresh=self._check_layout())
             book = self._book()
             # Every key the engine can ask for, read as one batch. Late events' keys are included

@@ -23,6 +23,7 @@ from rulewatch.kafka import alerts as kafka_alerts
 from rulewatch.kafka.client import KafkaTopic
 from rulewatch.keying import fan_out, keysets
 from rulewatch.lakehouse import Lakehouse
+from rulewatch.packing import pack
 from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
@@ -100,7 +101,7 @@ def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettin
 def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
     """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
     stream = (
-        _events(spark, lakehouse, settings)
+        pack(_events(spark, lakehouse, settings))
         .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
         .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
     )
