@@ -228,7 +228,8 @@ class RuleProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.rules = handle.getValueState("rules", _TEXT)
-        self.history = HistoryStore(handle.getMapState("history", _KEY, _BLOB), self.state_slots, self.state_pipeline)
+        self.history_map = handle.getMapState("history", _KEY, _BLOB)
+        self.history = HistoryStore(self.history_map, self.state_slots, self.state_pipeline)
         self.layout = handle.getValueState("layout", _TEXT)
         self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
@@ -285,7 +286,8 @@ class RuleProcessor(StatefulProcessor):
         stored = self.layout.get()
         if stored is None:
             self.layout.update((wanted,))
-            return True
+            # Checkpoints from before the layout was recorded hold history without it.
+            return not self.history_map.exists()
         if stored[0] != wanted:
             raise ValueError(
                 f"this checkpoint's evaluator state was written with {stored[0]}, not {wanted}; "
