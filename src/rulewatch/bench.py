@@ -1,8 +1,8 @@
 """``rulewatch bench``: the evaluator against a stateless grouped pass-through on the same input.
 
-Both queries read the same silver Delta table with the same keying and shard grouping, in
-micro-batches of ``--batch-events``; the pass-through only hands each shard's rows to Python and
-back, which is the floor any Python evaluator sits on. The ratio says how much the window math and
+Both queries read the same silver Delta table with the same keying, packing (packing.py) and shard
+grouping, in micro-batches of ``--batch-events``; the pass-through only unpacks each shard's events
+in Python and counts them, which is the floor any Python evaluator sits on. The ratio says how much the window math and
 state cost on top of that floor.
 """
 
