@@ -308,6 +308,29 @@ def _earlier_times(
     )
 
 
+# A line's place in the order "first occurrence wins" follows; unique per bronze line.
+LINE_ORDER = ["ingest_time", "source_file", "ingest_seq"]
+# Repeats are broadcast to the lines when there are at most this many (as a rule there are next to none).
+BROADCAST_REPEATS = 200_000
+
+
+def _repeats(valid: DataFrame, earlier: DataFrame | None, horizon_ms: int) -> DataFrame:
+    """The valid lines that repeat an accepted transaction id, by their ``LINE_ORDER`` (a tiny frame as a rule).
+
+    Worked out on the ids and line positions alone: the whole lines (JSON text, typed fields) are
+    never shuffled, only joined back against this frame.
+    """
+    keys = valid.select("transaction_id", "event_time", *LINE_ORDER)
+    first = Window.partitionBy("transaction_id").orderBy(*LINE_ORDER)
+    ranked = keys.withColumn("_rank", F.row_number().over(first))
+    repeated = F.col("_rank") > 1
+    if earlier is not None:
+        ranked = ranked.join(earlier, "transaction_id", "left")
+        event_ms = F.unix_millis("event_time")
+        repeated = repeated | F.coalesce(F.exists("_seen_ms", lambda t: F.abs(t - event_ms) <= horizon_ms), F.lit(False))
+    return ranked.where(repeated).select(*[F.col(c).alias(f"_repeat_{c}") for c in LINE_ORDER], F.lit(True).alias("_repeat"))
+
+
 def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, int]:
     """Numbered bronze lines -> silver / quarantine / duplicates as batch ``batch_id`` of query ``layer``.
 
@@ -317,26 +340,26 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     """
     spark = lines.sparkSession
     horizon_ms = dedup_horizon_ms()
-    valid = F.size("reasons") == 0
-    rows = parse(lines).withColumn("_valid", valid).persist()
+    rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
+    repeats = None
     try:
-        low, high = rows.where("_valid").agg(F.min("event_time"), F.max("event_time")).first()
-        first = Window.partitionBy("_valid", "transaction_id").orderBy("ingest_time", "source_file", "ingest_seq")
-        ranked = rows.withColumn("_rank", F.row_number().over(first))
-        if low is not None:
-            earlier = _earlier_times(spark, lakehouse, batch_id, (low, high), horizon_ms)
-            ranked = ranked.join(earlier, "transaction_id", "left")
-        else:
-            ranked = ranked.withColumn("_seen_ms", F.lit(None).cast("array<long>"))
-        event_ms = F.unix_millis("event_time")
-        seen = F.coalesce(F.exists("_seen_ms", lambda t: F.abs(t - event_ms) <= horizon_ms), F.lit(False))
-        classified = ranked.withColumn(
+        valid_time = F.when(F.col("_valid"), F.col("event_time"))
+        low, high, valid_n, total = rows.agg(
+            F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1))
+        ).first()
+        earlier = _earlier_times(spark, lakehouse, batch_id, (low, high), horizon_ms) if low is not None else None
+        repeats = _repeats(rows.where("_valid"), earlier, horizon_ms).persist()
+        repeated_n = repeats.count()
+        # Null-safe: lines built by hand (tests, notebooks) may lack an ingest time.
+        same_line = [F.col(c).eqNullSafe(F.col(f"_repeat_{c}")) for c in LINE_ORDER]
+        joined = rows.join(F.broadcast(repeats) if repeated_n <= BROADCAST_REPEATS else repeats, same_line, "left")
+        classified = joined.withColumn(
             "_class",
             F.when(~F.col("_valid"), "quarantined")
-            .when((F.col("_rank") > 1) | seen, "duplicates")
+            .when(F.col("_repeat").isNotNull(), "duplicates")
             .otherwise("accepted"),
-        ).persist()
-        counts = {r["_class"]: r["count"] for r in classified.groupBy("_class").count().collect()}
+        )
+        counts = {"accepted": valid_n - repeated_n, "quarantined": total - valid_n, "duplicates": repeated_n}
         batch = batch_column("silver_batch_id", batch_id)
         tables = [
             ("accepted", lakehouse.silver_transactions, "transactions",
@@ -349,17 +372,18 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         ]  # fmt: skip
         for name, path, sink, columns in tables:
             rows_of = classified.where(F.col("_class") == name).select(*columns)
-            append_once(rows_of, path, f"rulewatch.{layer}.{sink}", batch_id, rows=counts.get(name, 0))
-        classified.unpersist()
+            append_once(rows_of, path, f"rulewatch.{layer}.{sink}", batch_id, rows=counts[name])
     finally:
+        if repeats is not None:
+            repeats.unpersist()
         rows.unpersist()
-    accepted, quarantined, duplicates = (counts.get(k, 0) for k in ("accepted", "quarantined", "duplicates"))
+    accepted, quarantined, duplicates = (counts[k] for k in ("accepted", "quarantined", "duplicates"))
     return {
         "rows_in": accepted + quarantined + duplicates,
         "rows_out": accepted,
         "quarantined": quarantined,
         "duplicates": duplicates,
-        "rows_written": {lakehouse.name_of(path): counts.get(name, 0) for name, path, _, _ in tables},
+        "rows_written": {lakehouse.name_of(path): counts[name] for name, path, _, _ in tables},
     }
 
 
