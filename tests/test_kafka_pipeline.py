@@ -10,19 +10,21 @@ alone, over topics of a few records.
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 
 import pytest
 from pyspark.sql import functions as F
 
-from conftest import FIXTURES, consume_all
+from conftest import FIXTURES, ROOT, consume_all
 from rulewatch.gold import GoldSettings
 from rulewatch.kafka.client import KafkaTopic, ensure_topic, spark_options
 from rulewatch.kafka.produce import TopicWriter, send_all
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.pipeline import run_all, run_bronze
+from rulewatch.widgets import widget_env
 from test_crash import PROCESSING_COLUMNS, RULES, attempt
 
 pytestmark = pytest.mark.spark
@@ -175,3 +177,40 @@ def test_a_lakehouse_that_ingests_a_folder_refuses_a_topic(spark, fixture_run, t
 
     with pytest.raises(LandingError, match=f"ingests the landing folder .*, not Kafka topic {transactions_topic.topic}"):
         check_source(fixture_run.lakehouse, KafkaSource(transactions_topic))
+
+
+def _small_topic(bootstrap: str, prefix: str, values: list[str]) -> KafkaTopic:
+    topic = KafkaTopic(bootstrap, f"{prefix}-{uuid.uuid4().hex[:8]}")
+    ensure_topic(topic, partitions=1)
+    send_all(topic, values)
+    return topic
+
+
+def test_starting_offsets_latest_skips_the_records_already_on_the_topic(spark, kafka_broker, tmp_path):
+    old, new = [f'{{"transactionId": "old-{i}"}}' for i in range(5)], [f'{{"transactionId": "new-{i}"}}' for i in range(3)]
+    topic = _small_topic(kafka_broker, "latest", old)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    source = KafkaSource(topic, starting_offsets="latest")
+    run_bronze(spark, lakehouse, source, log=lambda _: None)  # a new checkpoint: starts at the end, reads nothing
+    send_all(topic, new)
+    run_bronze(spark, lakehouse, source, log=lambda _: None)  # the checkpoint continues where it started
+    rows = spark.read.format("delta").load(lakehouse.bronze_transactions).orderBy("kafka_offset").collect()
+    assert [(r.kafka_offset, r.value) for r in rows] == list(enumerate(new, start=len(old)))
+
+
+def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it(spark, kafka_broker, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    values = [f'{{"transactionId": "capped-{i}"}}' for i in range(7)]
+    topic = _small_topic(kafka_broker, "capped", values)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    widgets = {"lakehouse": lakehouse.root, "kafka_bootstrap": kafka_broker, "kafka_topic": topic.topic, "kafka_max_offsets": "3"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")} | widget_env(widgets)
+    notebook = nbformat.read(ROOT / "notebooks" / "01_bronze.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+
+    batches = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'bronze'").orderBy("batch_id")
+    assert [r.rows_in for r in batches.collect()] == [3, 3, 1]
+    bronze = spark.read.format("delta").load(lakehouse.bronze_transactions).orderBy("kafka_offset")
+    assert [r.value for r in bronze.collect()] == values
