@@ -10,8 +10,8 @@ STAMP := $(VENV)/.rulewatch-installed
 
 setup: $(STAMP)
 
-# Pinned set (requirements.lock) + the Delta jars fetched once from Maven Central; afterwards
-# every run and test works offline.
+# Pinned set (requirements.lock) + the Delta and Spark-Kafka jars and the Apache Kafka broker's jars,
+# fetched once from Maven Central (python -m rulewatch.jars); afterwards every run and test works offline.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -181,7 +181,8 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
     assert params["setup"] == {
         "lakehouse": "/lh", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
-        "kafka_bootstrap": "", "kafka_topic": "", "alerts_topic": "", "kafka_secret_scope": "",
+        "kafka_bootstrap": "", "kafka_topic": "", "kafka_starting_offsets": "earliest", "kafka_max_offsets": "",
+        "alerts_topic": "", "kafka_secret_scope": "",
     }  # fmt: skip
     # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
     assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"

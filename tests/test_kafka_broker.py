@@ -100,6 +100,20 @@ def test_sasl_credentials_come_from_the_environment_for_spark_and_python_clients
     assert "scram.ScramLoginModule" in spark_options(topic)["kafka.sasl.jaas.config"]
 
 
+def test_job_parameters_as_text_give_the_source_settings_and_empty_means_the_default():
+    from rulewatch.kafka.arguments import source_of
+    from rulewatch.kafka.client import KafkaConfigError
+
+    default = source_of("127.0.0.1:9092", "payments", "", "", "")
+    assert (default.starting_offsets, default.max_offsets_per_trigger) == ("earliest", None)
+    capped = source_of("127.0.0.1:9092", "payments", "", "latest", "500")
+    assert (capped.starting_offsets, capped.max_offsets_per_trigger) == ("latest", 500)
+    with pytest.raises(KafkaConfigError, match="max offsets per trigger 'lots' is not a whole number"):
+        source_of("127.0.0.1:9092", "payments", "", "earliest", "lots")
+    with pytest.raises(KafkaConfigError, match="starting offsets 'newest'"):
+        source_of("127.0.0.1:9092", "payments", "", "newest", "")
+
+
 @pytest.mark.parametrize("bootstrap", ["", "nohostport", "host:port", ":9092"])
 def test_a_malformed_bootstrap_is_refused_naming_it(bootstrap):
     with pytest.raises(ValueError, match="bootstrap"):

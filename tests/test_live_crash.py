@@ -5,10 +5,13 @@ queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed 
 batch (silver committed, quarantine, duplicates and metrics not), at a random moment, and inside a
 gold batch; the last attempt runs until drained. Alerts must equal the job's over the same lines,
 each once; every line must be in bronze once and in exactly one of silver, quarantine, duplicates.
+From Kafka the alerts also go to an alerts topic, which must hold every gold alert (at least once: a
+replayed batch repeats its records, identical, so a repeat never differs from the first).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import consume_all
 from rulewatch.checkpoints import last_planned_batch
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
@@ -46,34 +50,38 @@ def reference(spark, tmp_path_factory) -> tuple[Lakehouse, int]:
 
 
 @pytest.fixture(params=["files", "kafka"])
-def source(request, tmp_path) -> list[str]:
+def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
+    """The stream's source options, and the alerts topic it publishes to (Kafka only)."""
     if request.param == "files":
         for name, lines in _files():
             _land(tmp_path / "landing", name, lines)
-        return ["--landing", str(tmp_path / "landing")]
+        return ["--landing", str(tmp_path / "landing")], None
     bootstrap = request.getfixturevalue("kafka_broker")
     topic = KafkaTopic(bootstrap, f"live-crash-{uuid.uuid4().hex[:8]}")
     ensure_topic(topic, partitions=1)  # the files' order, so first-wins matches the job's
     send_all(topic, [line for _, lines in _files() for line in lines])
-    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic]
+    alerts = KafkaTopic(bootstrap, f"live-crash-alerts-{uuid.uuid4().hex[:8]}")
+    ensure_topic(alerts)
+    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic], alerts
 
 
 def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, reference, source, tmp_path):
     expected_lakehouse, landed = reference
+    options, alerts_topic = source
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []
     started = time.monotonic()
     # Silver committed inside the first ingest batch; quarantine, duplicates and the metrics row not.
-    assert _stream(lakehouse, source, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions:0:after") == -signal.SIGKILL
+    assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions:0:after") == -signal.SIGKILL
     kills.append("ingest batch 0 after silver")
     reached = time.monotonic() - started
     seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached
-    if _stream(lakehouse, source, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
+    if _stream(lakehouse, options, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
     gold_batch = last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
-    if _stream(lakehouse, source, DRAIN_SECONDS, crash_at=f"rulewatch.gold.alerts:{gold_batch}:after") == -signal.SIGKILL:
+    if _stream(lakehouse, options, DRAIN_SECONDS, crash_at=f"rulewatch.gold.alerts:{gold_batch}:after") == -signal.SIGKILL:
         kills.append(f"gold batch {gold_batch} after alerts")
-    assert _stream(lakehouse, source, DRAIN_SECONDS) == 0
+    assert _stream(lakehouse, options, DRAIN_SECONDS) == 0
 
     assert len(kills) >= 2, kills
     expected, actual = _alerts(spark, expected_lakehouse), _alerts(spark, lakehouse)
@@ -82,3 +90,10 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     after, before = summarize(spark, lakehouse), summarize(spark, expected_lakehouse)
     assert after.bronze == landed and after.balanced
     assert (after.silver, after.quarantined, after.duplicates, after.late) == (before.silver, before.quarantined, before.duplicates, before.late)
+    if alerts_topic:
+        ids = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).select("alert_id").collect()}
+        published: dict[str, set[str]] = {}
+        for record in consume_all(alerts_topic, len(ids)):
+            published.setdefault(record["alert_id"], set()).add(json.dumps(record, sort_keys=True))
+        assert set(published) == ids, kills  # every gold alert, and nothing gold does not hold
+        assert all(len(records) == 1 for records in published.values()), kills  # a repeat is the same record

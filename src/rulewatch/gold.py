@@ -191,8 +191,9 @@ def write_batch(
             append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
             written[lakehouse.name_of(path)] = rows
             if sink == "alerts" and alerts_topic and rows:
-                # After the Delta commit, so a replay re-publishes rather than loses (at least once).
-                kafka_alerts.publish(alerts, alerts_topic)
+                # After the Delta commit, so a replay re-publishes rather than loses (at least once);
+                # the committed rows, so the topic carries the table's decision_time on every replay.
+                kafka_alerts.publish(kafka_alerts.committed(out.sparkSession, lakehouse.alerts, batch_id), alerts_topic)
                 crash_point("rulewatch.kafka.alerts", batch_id, "after")
         committed_ms = round(time.time() * 1000)
         rows_total, bytes_total = state_totals() if state_totals else (None, None)

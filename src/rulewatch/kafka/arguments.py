@@ -33,13 +33,29 @@ def source_of(
     bootstrap: str | None,
     topic: str | None,
     secret_scope: str | None = None,
-    starting_offsets: str = "earliest",
-    max_offsets: int | None = None,
+    starting_offsets: str | None = "earliest",
+    max_offsets: int | str | None = None,
     flag: str = "Kafka topic",
 ) -> KafkaSource | None:
-    """The Kafka source named, or None for the landing folder."""
+    """The Kafka source named, or None for the landing folder.
+
+    Job parameters and widgets are text and "" for unset: empty ``starting_offsets`` means earliest,
+    empty ``max_offsets`` no cap."""
     named = topic_of(bootstrap, topic, secret_scope, flag)
-    return KafkaSource(named, starting_offsets or "earliest", max_offsets) if named else None
+    if not named:
+        return None
+    return KafkaSource(named, starting_offsets or "earliest", _count(max_offsets))
+
+
+def _count(value: int | str | None) -> int | None:
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise KafkaConfigError(f"max offsets per trigger {value!r} is not a whole number (empty: no cap)") from None
+    return value
 
 
 def source(args: argparse.Namespace) -> KafkaSource | None:
