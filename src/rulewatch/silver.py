@@ -67,9 +67,14 @@ def _text(name: str) -> Column:
     return F.col(f"j.{name}")
 
 
+def _variant(name: str) -> Column:
+    # variant_get, not the ``v:name`` path syntax, which Spark 4.0's parser (Databricks Runtime 17) lacks.
+    return F.variant_get(F.col("v"), f"$.{name}", "variant")
+
+
 def _json_type(name: str) -> Column:
     # from_json hands an object or array back as its JSON text; the variant parse (``v``) tells them apart.
-    return F.split(F.expr(f"schema_of_variant(v:{name})"), "<")[0]
+    return F.split(F.schema_of_variant(_variant(name)), "<")[0]
 
 
 def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
@@ -228,8 +233,8 @@ def parse(bronze: DataFrame) -> DataFrame:
     parsed = parsed.withColumns({
         "_epoch": event_time_text.rlike(EPOCH_MS),
         "_flat": _flat_object(F.col("value")),
-        "_amount_text": F.expr("try_cast(v:paymentAmount AS string)"),
-        "_amount_kind": F.expr("schema_of_variant(v:paymentAmount)"),
+        "_amount_text": F.try_variant_get(F.col("v"), "$.paymentAmount", "string"),
+        "_amount_kind": F.schema_of_variant(_variant("paymentAmount")),
     })  # fmt: skip
     epoch = F.col("_epoch")
     parsed = parsed.withColumns({
