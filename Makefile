@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rulewatch-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup setup-spark40 demo test test-spark40 clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,33 @@ $(STAMP): pyproject.toml requirements.lock
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --transactions fixtures/transactions --rules fixtures/rules.json
 
-test: setup
+test: setup setup-spark40
 	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory test-spark40
+
+# The oldest Spark line the supported Databricks Runtimes run (17.3 LTS is Spark 4.0.0; docs/deploy.md):
+# the engine, silver and pipeline tests run there too, in a second venv with the same lock but
+# pyspark 4.0.0. 4.0.0 exactly: the runtime's own line, and the newest 4.0 whose Kafka connector
+# jars Maven serves here; delta-spark's Python package (4.4.0, as in the lock) asks for 4.0.1 but its
+# delta-spark_4.0 jars are built for the 4.0 line, hence --no-deps.
+VENV40 := .venv-spark40
+STAMP40 := $(VENV40)/.rulewatch-installed
+SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py \
+	tests/test_state_batch.py tests/test_engine_oracle.py tests/test_packing.py
+
+setup-spark40: $(STAMP40)
+
+$(STAMP40): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV40)
+	$(VENV40)/bin/python -m pip install --quiet --upgrade pip
+	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt
+	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
+	$(VENV40)/bin/python -m pip install --quiet --no-deps delta-spark==4.4.0
+	$(VENV40)/bin/python -m rulewatch.jars
+	touch $(STAMP40)
+
+test-spark40: setup-spark40
+	$(VENV40)/bin/pytest -q $(SPARK40_TESTS)
 
 clean:
 	rm -rf lakehouse .pytest_cache

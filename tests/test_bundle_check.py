@@ -215,6 +215,19 @@ def test_every_task_path_cluster_and_dependency_must_exist(tmp_path):
     assert _problems(root, "dev", ALICE) == []
 
 
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [("17.3.x-scala2.13", False), ("17.3.x-photon-scala2.13", False), ("18.0.x-scala2.13", False), ("17.2.x-scala2.13", True), ("15.4.x-scala2.12", True), ("latest", True)],
+)
+def test_a_job_cluster_must_run_a_runtime_the_gold_layer_works_on(tmp_path, version, refused):
+    job = _job()
+    job["job_clusters"][0]["new_cluster"]["spark_version"] = version
+    root = write_bundle(tmp_path, {"targets": {"dev": {}}}, {"jobs": {"j": job}})
+    messages = _problems(root, "dev", ALICE)
+    assert any(f"spark_version {version} is not Databricks Runtime 17.3 or newer" in m for m in messages) == refused
+    assert len(messages) == int(refused)
+
+
 def test_a_reference_to_an_undeclared_variable_is_found_in_any_file_and_target(tmp_path):
     root = write_bundle(
         tmp_path,

@@ -7,6 +7,7 @@ arrived when one was answered, which tells a pipelined client from a synchronous
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import random
@@ -41,6 +42,7 @@ from rulewatch.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched
 KEY = StructType([StructField("key", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
 REFUSED = "refuse-me"
+UNIX_SOCKETS = "AF_UNIX" in inspect.getsource(StatefulProcessorApiClient.__init__)
 
 
 class StandInServer:
@@ -53,10 +55,16 @@ class StandInServer:
         self.maps: dict[str, dict[bytes, bytes]] = {}
         self.answered = 0
         self.answered_with_next_waiting = 0
-        # A Unix socket (pyspark's client speaks both): TCP with tiny buffers is slowed by ACK timing.
-        self.path = os.path.join(tempfile.mkdtemp(prefix="rulewatch-state-"), "server.sock")
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
+        # A Unix socket where pyspark's client speaks it (4.1 on): TCP with tiny buffers is slowed by
+        # ACK timing. pyspark 4.0's client only connects to a TCP port on localhost.
+        if UNIX_SOCKETS:
+            self.path = os.path.join(tempfile.mkdtemp(prefix="rulewatch-state-"), "server.sock")
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(self.path)
+        else:
+            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.listener.bind(("localhost", 0))
+            self.path = self.listener.getsockname()[1]
         self.listener.listen(1)
         self.buffer_bytes = buffer_bytes
         self.thread = threading.Thread(target=self._serve, daemon=True)

@@ -41,6 +41,11 @@ from rulewatch.lakehouse import Lakehouse
 DASHBOARD_DATASET_DEFAULTS_CLI = (0, 281, 0)
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+# The oldest Databricks Runtime a job cluster may run: 17.3 LTS is the first on Spark 4.0 (the oldest
+# Spark line the tests run on, `make test-spark40`) with RocksDB as the default state store, which
+# transformWithStateInPandas needs (it exists from 16.2, on Spark 3.5 with Databricks' additions).
+MIN_RUNTIME = (17, 3)
+_RUNTIME = re.compile(r"(\d+)\.(\d+)\.x-")
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,8 @@ def _job_problems(config: BundleConfig) -> list[Problem]:
         problems += _continuous_problems(config.target, where, job)
         for duplicate in sorted({k for k in keys if keys.count(k) > 1}):
             problems.append(Problem(config.target, where, f"task_key {duplicate} is used twice"))
+        for cluster in job.get("job_clusters") or []:
+            problems += _runtime_problems(config.target, f"{where}.job_clusters[{cluster.get('job_cluster_key')}]", cluster.get("new_cluster") or {})
         for task in tasks:
             here = f"{where}.tasks[{task.get('task_key')}]"
             for dep in task.get("depends_on") or []:
@@ -274,6 +281,18 @@ def _job_problems(config: BundleConfig) -> list[Problem]:
                     if not (folder in wheel_dirs or any((source.parent / wheel).parent.glob(Path(wheel).name))):
                         problems.append(Problem(config.target, here, f"library {wheel} is neither built by a whl artifact nor present"))
     return problems
+
+
+def _runtime_problems(target: str, where: str, cluster: Mapping[str, Any]) -> list[Problem]:
+    """A job cluster on a Databricks Runtime older than ``MIN_RUNTIME`` (or one that is not a runtime version)."""
+    version = cluster.get("spark_version")
+    if not isinstance(version, str) or _is_deferred(version):
+        return []
+    found = _RUNTIME.match(version)
+    if found and (int(found[1]), int(found[2])) >= MIN_RUNTIME:
+        return []
+    floor = ".".join(map(str, MIN_RUNTIME))
+    return [Problem(target, where, f"spark_version {version} is not Databricks Runtime {floor} or newer (e.g. {floor}.x-scala2.13), which the gold layer needs")]
 
 
 def _continuous_problems(target: str, where: str, job: Mapping[str, Any]) -> list[Problem]:
