@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/rulewatch run --lakehouse lakehouse --transactions fixtures/transactions --rules fixtures/rules.json
+	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
 
 test: setup
 	$(BIN)/pytest -q

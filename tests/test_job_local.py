@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -14,7 +13,8 @@ import yaml
 from chispa import assert_df_equality
 
 from conftest import FIXTURES, ROOT
-from rulewatch.jobs import JobError, JobRunFailed, add_cli, load_bundle, run_job_locally, task_order, task_parameters
+from rulewatch.cli import main
+from rulewatch.jobs import JobError, JobRunFailed, load_bundle, run_job_locally, task_order, task_parameters
 
 
 @pytest.mark.spark
@@ -155,10 +155,7 @@ def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, 
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rulewatch")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def test_cli_exits_non_zero_naming_the_failed_task(failing_bundle, tmp_path, monkeypatch, capsys):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 
 import pytest
 
-from rulewatch.report import _ticks, add_cli, build_report, horizontal_bars, stacked_bars
+from rulewatch.cli import main
+from rulewatch.report import _ticks, build_report, horizontal_bars, stacked_bars
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -79,10 +79,7 @@ def test_chart_geometry_is_proportional():
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rulewatch")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def test_cli_names_a_lakehouse_without_gold_tables(tmp_path, capsys):

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from rulewatch.bundle_config import BundleError, Identity, load_config
-from rulewatch.remote import DEFAULT_JOB
 from rulewatch.lakehouse import Lakehouse, exclusive
+from rulewatch.remote import DEFAULT_JOB
 from rulewatch.widgets import widget_env
 
 Log = Callable[[str], None]
@@ -303,14 +303,7 @@ def run_job_locally(
     return outcome
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
-def _cmd_job_run(args: argparse.Namespace) -> int:
+def cmd_job_run(args: argparse.Namespace) -> int:
     if args.target != "local":
         print(
             f"rulewatch: job run only runs --target local; run on Databricks with "
@@ -348,18 +341,3 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
     return 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``job run [JOB] --target local --lakehouse DIR ...`` on the ``rulewatch`` parser."""
-    job = subparsers.add_parser("job", help="the asset bundle job")
-    job_sub = job.add_subparsers(dest="job_command", required=True)
-    run = job_sub.add_parser("run", help="run the bundle job's task DAG locally, one notebook execution per task")
-    run.add_argument("job", nargs="?", help=f"job key under resources.jobs (default: {DEFAULT_JOB}; rulewatch_live runs live mode until cancelled)")
-    run.add_argument("--target", "-t", default="local", help="only 'local'; remote runs use `databricks bundle run -t <target>`")
-    run.add_argument("--lakehouse", help="job parameter lakehouse: folder for every Delta table and checkpoint")
-    run.add_argument("--landing", help="job parameter landing (default: fixtures/transactions in the bundle root)")
-    run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
-    run.add_argument("--var", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
-    run.add_argument("--param", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="set a job parameter (as `databricks bundle run --params`), e.g. duration=60 for rulewatch_live")
-    run.set_defaults(func=_cmd_job_run)

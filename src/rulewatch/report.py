@@ -299,7 +299,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not Path(lakehouse.alerts, "_delta_log").is_dir():
         print(
             f"rulewatch report: no gold/alerts table under {lakehouse.root}; "
-            f"run `rulewatch run --lakehouse {args.lakehouse} --transactions ...` first",
+            f"run `rulewatch run --lakehouse {args.lakehouse} --landing ...` first",
             file=sys.stderr,
         )
         return 2
@@ -308,11 +308,3 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out.write_text(html, encoding="utf-8")
     print(f"rulewatch report: wrote {out.resolve()}")
     return 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    report = subparsers.add_parser("report", help="a self-contained HTML report with charts from the gold tables")
-    report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
-    report.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
-    report.add_argument("--mask", action="store_true", help="pseudonymise account identifiers, as the dashboard does for non-members")
-    report.set_defaults(func=_cmd_report)

@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from rulewatch import arguments
 from rulewatch.rules import RuleError, RuleSetError, parse_rule
 
 
@@ -142,13 +143,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     history = sub.add_parser("history", help="update gold/rule_history from the change feed and show the last changes")
     history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
-    history.add_argument("--last", type=int, default=20, help="how many changes to show (default 20)")
+    history.add_argument("--last", type=arguments.count("changes", 20), default=20, help="how many changes to show (default 20)")
     history.set_defaults(func=cmd_rules_history)
 
     clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
     clear.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     which = clear.add_mutually_exclusive_group(required=True)
-    which.add_argument("--rule", type=int, help="the rule id to clear")
+    which.add_argument("--rule", type=arguments.rule_id, help="the rule id to clear")
     which.add_argument("--all", action="store_true", help="clear every current rule")
     clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
     clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
