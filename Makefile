@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local,remote]'
 	$(BIN)/python -m rulewatch.jars
 	touch $(STAMP)
 

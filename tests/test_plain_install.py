@@ -5,6 +5,7 @@ package says which extra to install instead of ending in an ImportError."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -82,3 +83,15 @@ def test_the_local_job_runner_without_pyyaml_names_the_extra(tmp_path):
     assert done.returncode == 2
     assert done.stderr == "rulewatch: this command needs the yaml module, which is not installed: pip install 'rulewatch[local]'\n"
     assert not (tmp_path / "lh").exists()
+
+
+def test_the_jobs_notebooks_need_neither_pyyaml_nor_databricks_sdk():
+    """The wheel on the cluster installs neither (they are the `local` and `remote` extras): every
+    rulewatch module the notebooks import must load without them (off Databricks, where widgets and
+    secret scopes would use the runtime's own databricks-sdk)."""
+    modules = sorted({m for nb in (ROOT / "notebooks").glob("*.ipynb") for m in re.findall(r"(?:from|import) (rulewatch[\w.]*)", nb.read_text())})
+    assert "rulewatch.pipeline" in modules
+    code = BLOCKED_RUN.split("sys.argv = ")[0] + "import importlib\nfor m in sys.argv[2:]: importlib.import_module(m)\n"
+    done = subprocess.run([sys.executable, "-c", code, "yaml,databricks", *modules], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr

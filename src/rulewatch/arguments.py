@@ -31,26 +31,33 @@ class MissingExtra(Exception):
     """A command needs an optional dependency that is not installed; the message names the extra."""
 
 
-def command(target: str, extra: str = "local") -> Handler:
-    """The handler ``"module:function"``, imported only when its command runs.
+def needs(handler: Handler, extra: str = "local") -> Handler:
+    """``handler``, with a missing optional dependency turned into :class:`MissingExtra` naming its extra.
 
-    Building the parser then imports none of the heavy modules; a missing module of ``extra`` (at
-    import or inside the handler) becomes :class:`MissingExtra`.
+    ``extra`` is the command's own extra, named when the missing module is in it; a module of another
+    extra only (databricks-sdk for a local run that reads a Databricks secret scope) names that one.
     """
-    module, name = target.split(":")
 
     def run(args: argparse.Namespace) -> int:
         try:
-            return getattr(importlib.import_module(module), name)(args)
+            return handler(args)
         except ModuleNotFoundError as err:
             missing = (err.name or "").split(".")[0]
-            if missing not in EXTRAS[extra]:
+            named = extra if missing in EXTRAS[extra] else next((e for e, modules in EXTRAS.items() if missing in modules), None)
+            if named is None:
                 raise
-            raise MissingExtra(
-                f"this command needs the {missing} module, which is not installed: pip install 'rulewatch[{extra}]'"
-            ) from err
+            raise MissingExtra(f"this command needs the {missing} module, which is not installed: pip install 'rulewatch[{named}]'") from err
 
     return run
+
+
+def command(target: str, extra: str = "local") -> Handler:
+    """The handler ``"module:function"``, imported only when its command runs (see :func:`needs`).
+
+    Building the parser then imports none of the heavy modules.
+    """
+    module, name = target.split(":")
+    return needs(lambda args: getattr(importlib.import_module(module), name)(args), extra)
 
 
 class Parser(argparse.ArgumentParser):

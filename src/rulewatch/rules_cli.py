@@ -134,17 +134,17 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     apply.add_argument("file", help="rules file: a JSON array or JSON lines")
     apply.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     apply.add_argument("--updated-by", help="name recorded in updated_by (default: the OS user)")
-    apply.set_defaults(func=cmd_rules_apply)
+    apply.set_defaults(func=arguments.needs(cmd_rules_apply))
 
     export = sub.add_parser("export", help="write config/rules as a rules file")
     export.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     export.add_argument("--out", help="file to write (default: stdout)")
-    export.set_defaults(func=cmd_rules_export)
+    export.set_defaults(func=arguments.needs(cmd_rules_export))
 
     history = sub.add_parser("history", help="update gold/rule_history from the change feed and show the last changes")
     history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     history.add_argument("--last", type=arguments.count("changes", 20), default=20, help="how many changes to show (default 20)")
-    history.set_defaults(func=cmd_rules_history)
+    history.set_defaults(func=arguments.needs(cmd_rules_history))
 
     clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
     clear.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
@@ -153,5 +153,5 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="clear every current rule")
     clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
     clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
-    clear.set_defaults(func=cmd_rules_clear_state)
+    clear.set_defaults(func=arguments.needs(cmd_rules_clear_state))
     return rules

@@ -44,6 +44,7 @@ def _topic(args: argparse.Namespace) -> int:
 
 
 def _run(handler):
+    @arguments.needs
     def run(args: argparse.Namespace) -> int:
         from rulewatch.kafka import broker  # it finds the broker's jars through pyspark: not when parsing
 
