@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -246,6 +247,24 @@ def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
     assert err.startswith("rulewatch: ") and str(rules) in err
     assert ("cannot be read" in err) if content is None else ("aggregateFieldName" in err)
     assert not (tmp_path / "lakehouse").exists()  # refused before the lakehouse (and Spark) was touched
+
+
+@pytest.mark.parametrize("command", ["stream", "demo"])
+def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys, monkeypatch, command):
+    import rulewatch.session
+
+    monkeypatch.setattr(rulewatch.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    bad, missing = tmp_path / "bad.json", tmp_path / "missing.json"
+    rule = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeId"], "aggregateFieldName": "paymentAmount",
+            "aggregatorFunctionType": "SUMM", "limitOperatorType": "GREATER", "limit": 5, "windowMinutes": 5}  # fmt: skip
+    bad.write_text(json.dumps([rule, {"ruleId": 2, "ruleState": "ON"}]))
+    code, err = cli([command, "--lakehouse", str(tmp_path / "lh"), "--rules", str(bad), "--rules", str(missing)], capsys)
+    assert code == 2
+    assert f"rulewatch: 2 invalid rule(s) in {bad}, 9 problems:" in err
+    assert "did you mean 'payeeId'?" in err and "did you mean 'SUM'?" in err and "field 'ruleState' has 'ON'" in err
+    assert f"rulewatch: 1 invalid rule(s) in {missing}:\n  cannot be read: No such file or directory" in err
+    assert err.endswith("rulewatch: nothing was started or written\n") and "Traceback" not in err
+    assert not (tmp_path / "lh").exists()
 
 
 def test_a_run_without_an_active_rule_warns_first():

@@ -92,5 +92,9 @@ def test_cli_names_a_lakehouse_without_gold_tables(tmp_path, capsys):
 def test_cli_writes_the_report(spark, fixture_run, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert _cli(["report", "--lakehouse", fixture_run.lakehouse.root, "--out", str(out)]) == 0
-    assert str(out) in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == f"rulewatch report: wrote {out.resolve()}\n"  # the result alone; progress on stderr
+    assert captured.err == (
+        f"rulewatch report: starting Spark ...\nrulewatch report: reading the gold, silver and rules tables of {fixture_run.lakehouse.root} ...\n"
+    )
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import sys
 from typing import Any, Callable
 
 from rulewatch.generate import GeneratorConfig
@@ -58,6 +59,12 @@ def command(target: str, extra: str = "local") -> Handler:
     """
     module, name = target.split(":")
     return needs(lambda args: getattr(importlib.import_module(module), name)(args), extra)
+
+
+def progress(command: str, step: str) -> None:
+    """A progress line on stderr, so a command that waits (Spark starts in 30-40 s) is not silent
+    while stdout stays its result alone (a rules file, a report path)."""
+    print(f"{command}: {step} ...", file=sys.stderr, flush=True)
 
 
 class Parser(argparse.ArgumentParser):

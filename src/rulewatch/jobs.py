@@ -104,6 +104,7 @@ class TaskResult:
     error: str | None = None  # "<ename>: <evalue>" of the failing cell, or why it was skipped
     parameters: dict[str, str] = field(default_factory=dict)  # the widget values the notebook got
     notebook: Any = None  # the executed nbformat notebook (outputs included) when it ran
+    warnings: tuple[str, ...] = ()  # the notebook's output lines that start with "WARNING:"
 
 
 def find_bundle_root(start: Path | None = None) -> Path:
@@ -258,6 +259,17 @@ def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[An
     return nb, None
 
 
+def notebook_warnings(nb: Any) -> tuple[str, ...]:
+    """The lines of an executed notebook's output that start with ``WARNING:`` (e.g. the summary's
+    no-active-rule warning): a task can succeed and still have something the user must see."""
+    texts = []
+    for cell in nb.cells if nb is not None else ():
+        for output in cell.get("outputs", ()):
+            text = output.get("text") if output.get("output_type") == "stream" else output.get("data", {}).get("text/plain")
+            texts.append("".join(text) if isinstance(text, list) else text or "")
+    return tuple(line.strip() for text in texts for line in text.splitlines() if line.strip().startswith("WARNING:"))
+
+
 def run_job_locally(
     job_key: str | None,
     overrides: dict[str, str],
@@ -294,8 +306,11 @@ def run_job_locally(
         nb, error = _execute_notebook(task, params[task.key], bundle.root)
         seconds = time.monotonic() - started
         status: Literal["ok", "failed"] = "ok" if error is None else "failed"
-        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb)
+        warnings = notebook_warnings(nb)
+        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb, warnings)
         log(f"{prefix} {status} ({seconds:.1f}s)" if error is None else f"{prefix} FAILED ({seconds:.1f}s): {error}")
+        for warning in warnings:
+            log(f"    {warning}")
 
     outcome = [results[task.key] for task in order]
     if any(r.status != "ok" for r in outcome):
@@ -333,11 +348,15 @@ def cmd_job_run(args: argparse.Namespace) -> int:
         overrides.update(dict(args.param))
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
         with exclusive(Lakehouse(args.lakehouse)):
-            run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
+            results = run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobRunFailed as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 1
     except JobError as err:  # the bundle or the command line is wrong: nothing ran
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
+    # Repeated as the last lines: "ok" on every task must not hide that nothing could alert.
+    for result in results:
+        for warning in result.warnings:
+            print(f"rulewatch: task {result.task_key}: {warning}", file=sys.stderr)
     return 0

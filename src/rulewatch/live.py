@@ -539,9 +539,24 @@ def _apply_rules(spark: SparkSession, lakehouse: Lakehouse, files: list[str], lo
             log(f"rules: {change}")
 
 
-def _check_files(files: list[str]) -> str | None:
-    missing = [f for f in files if not Path(f).is_file()]
-    return f"rules file(s) not found: {', '.join(missing)}" if missing else None
+def _check_rules_files(files: list[str]) -> list[str]:
+    """Every problem of every rules file, found before Spark starts (as `rulewatch run` does)."""
+    from rulewatch.rules import RuleSetError, load_rules_file
+
+    problems = []
+    for path in files:
+        try:
+            load_rules_file(path)
+        except RuleSetError as err:
+            problems.append(str(err))
+    return problems
+
+
+def _refuse(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"rulewatch: {problem}", file=sys.stderr)
+    print("rulewatch: nothing was started or written", file=sys.stderr)
+    return 2
 
 
 def _config(args: argparse.Namespace, duration: float, run_id: str | None) -> generate.GeneratorConfig:
@@ -590,9 +605,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         return 2
     landing = Path(args.landing or Path(lakehouse.root, "landing"))
     settings = _settings(args)
-    if error := _check_files(args.rules):
-        print(f"rulewatch: {error}", file=sys.stderr)
-        return 2
+    if problems := _check_rules_files(args.rules):
+        return _refuse(problems)
     with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
         if not kafka:
             landing.mkdir(parents=True, exist_ok=True)
@@ -620,9 +634,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
-    if error := _check_files(rules):
-        print(f"rulewatch: {error}", file=sys.stderr)
-        return 2
+    if problems := _check_rules_files(rules):
+        return _refuse(problems)
     with exclusive(lakehouse):
         spark = get_spark("rulewatch-demo")
         _apply_rules(spark, lakehouse, rules, print)

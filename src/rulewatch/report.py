@@ -293,6 +293,7 @@ def build_report(spark: SparkSession, lakehouse: Lakehouse, mask: bool = False) 
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from rulewatch.arguments import progress
     from rulewatch.session import get_spark
 
     lakehouse = Lakehouse(args.lakehouse)
@@ -303,7 +304,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    html = build_report(get_spark("rulewatch-report"), lakehouse, mask=args.mask)
+    progress("rulewatch report", "starting Spark")
+    spark = get_spark("rulewatch-report")
+    progress("rulewatch report", f"reading the gold, silver and rules tables of {lakehouse.root}")
+    html = build_report(spark, lakehouse, mask=args.mask)
     out = Path(args.out)
     out.write_text(html, encoding="utf-8")
     print(f"rulewatch report: wrote {out.resolve()}")

@@ -21,6 +21,7 @@ def _spark_and_lakehouse(args: argparse.Namespace):
     from rulewatch.lakehouse import Lakehouse
     from rulewatch.session import get_spark
 
+    arguments.progress("rulewatch rules", "starting Spark")
     return get_spark(), Lakehouse(args.lakehouse)
 
 
@@ -37,6 +38,7 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     try:
         rules = load_rules_file(args.file)  # before Spark starts: a bad file fails fast
         spark, lakehouse = _spark_and_lakehouse(args)
+        arguments.progress("rulewatch rules", f"merging {len(rules)} rule(s) into {lakehouse.rules}")
         changes = apply_rules(spark, lakehouse, rules, args.updated_by)
     except RuleSetError as err:
         source = err.source or args.file
@@ -59,6 +61,7 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
         return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"reading {lakehouse.rules}")
     rules = export_rules(spark, lakehouse)
     for rule in rules:
         try:
@@ -93,6 +96,7 @@ def cmd_rules_history(args: argparse.Namespace) -> int:
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
         return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"updating {lakehouse.rule_history} from the change feed")
     run_rule_history(spark, lakehouse)
     rows = latest_rule_history(spark, lakehouse, args.last)
     print(f"rules history: last {len(rows)} change(s) of {lakehouse.rules}")
