@@ -15,12 +15,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local,remote]'
 	$(BIN)/python -m rulewatch.jars
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/rulewatch run --lakehouse lakehouse --transactions fixtures/transactions --rules fixtures/rules.json
+	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
 
 test: setup setup-spark40
 	$(BIN)/pytest -q

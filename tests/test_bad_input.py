@@ -51,6 +51,11 @@ BAD: list[tuple[str, str]] = [
      "eventTime '2099-01-01T00:00:00Z' is more than 5m after its ingest time"),
     ('{"transactionId": "torn", "eventTime": 17935', "malformed JSON (not a JSON object on one line)"),
 ]  # fmt: skip
+# The stable reason code of each line of BAD, in order.
+CODES = ["malformed_json", "blank_line", "missing_transaction_id", "missing_event_time", "unparsable_event_time",
+         "unparsable_event_time", "wrong_type", "wrong_type", "amount_not_a_number", "amount_not_a_number",
+         "amount_negative", "amount_too_large", "amount_too_precise", "unknown_payment_type", "event_time_in_future",
+         "malformed_json"]  # fmt: skip
 GOOD = [
     _payment("good-1", 0),
     _payment("good-2", 30, paymentAmount="250.50", paymentType="CRD"),
@@ -86,20 +91,21 @@ def bad_run(spark, tmp_path_factory) -> BadRun:
     return BadRun(lakehouse, summary)
 
 
-def test_every_bad_kind_is_quarantined_with_its_reason(bad_run):
-    assert bad_run.summary.quarantine_reasons == dict(Counter(reason for _, reason in BAD))
+def test_the_summary_counts_quarantined_lines_by_reason_code(bad_run):
+    assert bad_run.summary.quarantine_reasons == dict(Counter(CODES))
+    reasons_of: dict[str, set[str]] = {}
+    for code, (_, reason) in zip(CODES, BAD):
+        reasons_of.setdefault(code, set()).add(reason)
+    assert all(bad_run.summary.quarantine_examples[code] in reasons for code, reasons in reasons_of.items())
+    assert "  2 x malformed_json  (e.g. malformed JSON (not a JSON object on one line))" in bad_run.summary.lines()
 
 
 def test_every_quarantined_line_carries_a_stable_reason_code(spark, bad_run):
-    codes = ["malformed_json", "blank_line", "missing_transaction_id", "missing_event_time", "unparsable_event_time",
-             "unparsable_event_time", "wrong_type", "wrong_type", "amount_not_a_number", "amount_not_a_number",
-             "amount_negative", "amount_too_large", "amount_too_precise", "unknown_payment_type", "event_time_in_future",
-             "malformed_json"]  # fmt: skip
-    assert len(codes) == len(BAD)
+    assert len(CODES) == len(BAD)
     rows = spark.read.format("delta").load(bad_run.lakehouse.silver_quarantine).collect()
     by_reason = {r.reason: r.reason_code for r in rows}
-    assert [by_reason[reason] for _, reason in BAD] == codes
-    assert {code for _, code in REASON_CODES} >= set(codes) and OTHER_REASON not in by_reason.values()
+    assert [by_reason[reason] for _, reason in BAD] == CODES
+    assert {code for _, code in REASON_CODES} >= set(CODES) and OTHER_REASON not in by_reason.values()
 
 
 def test_every_landed_line_is_accounted_for(bad_run):

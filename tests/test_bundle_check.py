@@ -266,16 +266,11 @@ def test_cli_version_floor(constraint, floor):
 
 
 def test_job_run_reports_a_broken_bundle_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
-    import argparse
-
-    from rulewatch.jobs import add_cli
+    from rulewatch.cli import main
 
     root = write_bundle(tmp_path / "b", {"variables": {}}, {"jobs": {"j": _job(description="${var.typo}")}})
     monkeypatch.chdir(root / "notebooks")  # the bundle is found upwards from here
-    parser = argparse.ArgumentParser(prog="rulewatch")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["job", "run", "--target", "local", "--lakehouse", str(tmp_path / "lh")])
-    assert args.func(args) == 2
+    assert main(["job", "run", "--target", "local", "--lakehouse", str(tmp_path / "lh")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "resources.jobs.j.description: unknown variable ${var.typo}" in err and "Traceback" not in err
     assert not (tmp_path / "lh").exists()  # nothing ran

@@ -17,7 +17,7 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(tmp_path, expected_ale
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     result = subprocess.run(
         [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lakehouse"),
-         "--transactions", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
+         "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

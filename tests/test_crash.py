@@ -114,7 +114,7 @@ def attempt(
 
 
 def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:
-    return attempt(lakehouse, ["--transactions", str(landing)], crash_at, kill_after)
+    return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after)
 
 
 def _next_gold_batch(lakehouse: Lakehouse) -> int:

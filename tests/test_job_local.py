@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -14,7 +13,8 @@ import yaml
 from chispa import assert_df_equality
 
 from conftest import FIXTURES, ROOT
-from rulewatch.jobs import JobError, JobRunFailed, add_cli, load_bundle, run_job_locally, task_order, task_parameters
+from rulewatch.cli import main
+from rulewatch.jobs import JobError, JobRunFailed, load_bundle, run_job_locally, task_order, task_parameters
 
 
 @pytest.mark.spark
@@ -155,10 +155,7 @@ def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, 
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rulewatch")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def test_cli_exits_non_zero_naming_the_failed_task(failing_bundle, tmp_path, monkeypatch, capsys):
@@ -221,3 +218,21 @@ def test_unknown_overrides_are_rejected(tmp_path):
         run_job_locally(None, {"landng": "x"}, log=lambda _: None, root=root)
     with pytest.raises(JobError, match="no variable named nope"):
         run_job_locally(None, {}, log=lambda _: None, root=root, variables={"nope": "1"})
+
+
+@pytest.mark.spark
+def test_a_job_run_without_an_active_rule_ends_with_the_warning(tmp_path, capsys):
+    """Every task succeeds, yet nothing could alert: the job's output must say so, last."""
+    from rulewatch.pipeline import NO_RULES_WARNING
+
+    paused = [{**json.loads((FIXTURES / "rules.json").read_text())[0], "ruleState": "PAUSE"}]
+    (tmp_path / "rules.json").write_text(json.dumps(paused))
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    shutil.copy(FIXTURES / "transactions" / "day1-a.jsonl", landing)
+    argv = ["job", "run", "--lakehouse", str(tmp_path / "lh"), "--landing", str(landing), "--rules", str(tmp_path / "rules.json")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in captured.out.splitlines()]
+    assert out[-2:] == ["[4/4] gold ... ok (Ns)", f"    {NO_RULES_WARNING}"]
+    assert captured.err.splitlines()[-1] == f"rulewatch: task gold: {NO_RULES_WARNING}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT
 from rulewatch import jobs
-from rulewatch.cli import main
+from rulewatch.cli import build_parser, main
 from rulewatch.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
 
 
@@ -21,7 +22,7 @@ def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_pa
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root,
-             "--transactions", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
+             "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert time.monotonic() - started < 30  # before any Spark start-up
@@ -82,7 +83,7 @@ def cli(argv: list[str], capsys) -> tuple[int, str]:
 
 def commands(lakehouse: str) -> dict[str, list[str]]:
     return {
-        "run": ["run", "--lakehouse", lakehouse, "--transactions", str(FIXTURES / "transactions")],
+        "run": ["run", "--lakehouse", lakehouse, "--landing", str(FIXTURES / "transactions")],
         "stream": ["stream", "--lakehouse", lakehouse],
         "demo": ["demo", "--lakehouse", lakehouse],
         "bench": ["bench"],
@@ -114,6 +115,51 @@ def test_a_bad_allowed_lateness_is_reported_by_the_parser(tmp_path, capsys, comm
     assert code == 2
     assert f"error: argument --allowed-lateness: {message}" in err and "Traceback" not in err
     assert not (tmp_path / "lakehouse").exists()
+
+
+BAD_VALUES = [
+    *[(["stream", "--lakehouse", "L", "--trigger", bad], "--trigger", "expected a whole number and a unit (milliseconds, seconds, minutes or hours) "
+       f"such as '0 seconds' or '500 milliseconds', got {bad!r}") for bad in ("fast", "-1 seconds", "5")],
+    (["stream", "--lakehouse", "L", "--shuffle-partitions", "0"], "--shuffle-partitions", "shuffle partitions must be at least 1, got 0"),
+    (["stream", "--lakehouse", "L", "--duration", "-5"], "--duration", "must be above 0 seconds, got -5.0"),
+    (["generate", "--landing", "x", "--rate", "0"], "--rate", "must be above 0 events/s, got 0.0"),
+    (["generate", "--landing", "x", "--rate", "lots"], "--rate", "rate must be a number such as 1000, got 'lots'"),
+    (["generate", "--landing", "x", "--duration", "0"], "--duration", "must be above 0 seconds, got 0.0"),
+    (["generate", "--landing", "x", "--file-interval", "0"], "--file-interval", "must be between 0.01 and 60 seconds, got 0.0"),
+    (["generate", "--landing", "x", "--pattern-every", "-1"], "--pattern-every", "must be 0 (no patterns) or more seconds, got -1.0"),
+    (["demo", "--lakehouse", "L", "--minutes", "0"], "--minutes", "must be above 0 minutes, got 0"),
+    (["demo", "--lakehouse", "L", "--rate", "-1"], "--rate", "must be above 0 events/s, got -1.0"),
+    (["rules", "history", "--lakehouse", "L", "--last", "0"], "--last", "changes must be at least 1, got 0"),
+    (["rules", "history", "--lakehouse", "L", "--last", "x"], "--last", "changes must be a whole number such as 20, got 'x'"),
+    (["rules", "clear-state", "--lakehouse", "L", "--rule", "0"], "--rule", "a rule id must be between 1 and 2147483647, got 0"),
+    (["rules", "clear-state", "--lakehouse", "L", "--rule", "one"], "--rule", "a rule id must be a whole number such as 1, got 'one'"),
+    (["bench", "--events", "0"], "--events", "events must be at least 1, got 0"),
+    (["bench", "--keys", "-3"], "--keys", "keys must be at least 1, got -3"),
+    (["bench", "--batch-events", "1e5"], "--batch-events", "batch events must be a whole number such as 50000, got '1e5'"),
+    (["bench", "--state-slots", "0", "-1"], "--state-slots", "state_slots must be between 0 and 1,000,000, got -1"),
+    (["bench", "--scale-curve", "0"], "--scale-curve", "events per key must be at least 1, got 0"),
+    (["bench", "--rule-propagation", "0"], "--rule-propagation", "trials must be at least 1, got 0"),
+    (["run", "--lakehouse", "L", "--kafka-topic", "p", "--kafka-bootstrap", "h:1", "--kafka-max-offsets", "0"], "--kafka-max-offsets", "max offsets must be at least 1, got 0"),
+    (["kafka", "start", "--dir", "D", "--port", "70000"], "--port", "port must be between 1 and 65535, got 70000"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "message"), BAD_VALUES, ids=[f"{a[0]}{f}={a[-1]}" for a, f, _ in BAD_VALUES])
+def test_bad_values_end_in_one_line_from_the_parser(tmp_path, capsys, monkeypatch, argv, flag, message):
+    monkeypatch.chdir(tmp_path)  # a command that got past the parser would write here
+    code, err = cli(argv, capsys)
+    assert code == 2
+    prog = "rulewatch " + " ".join(argv[:2] if argv[0] in ("rules", "kafka") else argv[:1])
+    assert err == f"{prog}: error: argument {flag}: {message} (see {prog} --help)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
+    assert build_parser().parse_args(["run", "--lakehouse", "L", "--transactions", "in"]).landing == "in"
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = capsys.readouterr().out
+    assert "--landing" in shown and "--transactions" not in shown
 
 
 @pytest.fixture
@@ -162,7 +208,7 @@ def test_a_read_only_lakehouse_is_named_with_the_fix(tmp_path):
     lakehouse.mkdir()
     script = (
         f'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit {NO_READ_ONLY_MOUNT}; '
-        'exec "$2" -m rulewatch.cli run --lakehouse "$1" --transactions "$3"'
+        'exec "$2" -m rulewatch.cli run --lakehouse "$1" --landing "$3"'
     )
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(lakehouse), sys.executable, str(FIXTURES / "transactions")]
     try:
@@ -182,9 +228,9 @@ def test_a_read_only_lakehouse_is_named_with_the_fix(tmp_path):
 def test_transactions_that_are_a_file_are_refused_before_spark(tmp_path, capsys):
     landing = tmp_path / "transactions.jsonl"
     landing.write_text("")
-    code, err = cli(["run", "--lakehouse", str(tmp_path / "lakehouse"), "--transactions", str(landing)], capsys)
+    code, err = cli(["run", "--lakehouse", str(tmp_path / "lakehouse"), "--landing", str(landing)], capsys)
     assert code == 2
-    assert err == f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it\n"
+    assert err == f"rulewatch: --landing {landing} is a file, not a folder; point it at the folder that holds it\n"
     assert not (tmp_path / "lakehouse").exists()
 
 
@@ -195,12 +241,30 @@ def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
         rules.write_text(content)
     landing = tmp_path / "landing"
     landing.mkdir()
-    args = ["run", "--lakehouse", str(tmp_path / "lakehouse"), "--transactions", str(landing), "--rules", str(rules)]
+    args = ["run", "--lakehouse", str(tmp_path / "lakehouse"), "--landing", str(landing), "--rules", str(rules)]
     code, err = cli(args, capsys)
     assert code == 2
     assert err.startswith("rulewatch: ") and str(rules) in err
     assert ("cannot be read" in err) if content is None else ("aggregateFieldName" in err)
     assert not (tmp_path / "lakehouse").exists()  # refused before the lakehouse (and Spark) was touched
+
+
+@pytest.mark.parametrize("command", ["stream", "demo"])
+def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys, monkeypatch, command):
+    import rulewatch.session
+
+    monkeypatch.setattr(rulewatch.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    bad, missing = tmp_path / "bad.json", tmp_path / "missing.json"
+    rule = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeId"], "aggregateFieldName": "paymentAmount",
+            "aggregatorFunctionType": "SUMM", "limitOperatorType": "GREATER", "limit": 5, "windowMinutes": 5}  # fmt: skip
+    bad.write_text(json.dumps([rule, {"ruleId": 2, "ruleState": "ON"}]))
+    code, err = cli([command, "--lakehouse", str(tmp_path / "lh"), "--rules", str(bad), "--rules", str(missing)], capsys)
+    assert code == 2
+    assert f"rulewatch: 2 invalid rule(s) in {bad}, 9 problems:" in err
+    assert "did you mean 'payeeId'?" in err and "did you mean 'SUM'?" in err and "field 'ruleState' has 'ON'" in err
+    assert f"rulewatch: 1 invalid rule(s) in {missing}:\n  cannot be read: No such file or directory" in err
+    assert err.endswith("rulewatch: nothing was started or written\n") and "Traceback" not in err
+    assert not (tmp_path / "lh").exists()
 
 
 def test_a_run_without_an_active_rule_warns_first():
@@ -223,13 +287,12 @@ def test_version_prints_the_installed_version(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--lakehouse", "L"], "either as --transactions FOLDER or as --kafka-topic TOPIC"),
-        (["run", "--lakehouse", "L", "--transactions", "fixtures/transactions", "--kafka-topic", "t", "--kafka-bootstrap", "h:1"], "either as --transactions"),
+        (["run", "--lakehouse", "L"], "either as --landing FOLDER or as --kafka-topic TOPIC"),
+        (["run", "--lakehouse", "L", "--landing", "fixtures/transactions", "--kafka-topic", "t", "--kafka-bootstrap", "h:1"], "either as --landing"),
         (["run", "--lakehouse", "L", "--kafka-topic", "payments"], "--kafka-topic payments needs Kafka bootstrap servers"),
         (["run", "--lakehouse", "L", "--kafka-topic", "pay ments", "--kafka-bootstrap", "h:1"], "not a valid topic name"),
         (["run", "--lakehouse", "L", "--kafka-topic", "p", "--kafka-bootstrap", "nohost"], "is not host:port"),
-        (["run", "--lakehouse", "L", "--kafka-topic", "p", "--kafka-bootstrap", "h:1", "--kafka-max-offsets", "0"], "at least 1"),
-        (["run", "--lakehouse", "L", "--transactions", "fixtures/transactions", "--alerts-topic", "a"], "--alerts-topic a needs Kafka bootstrap"),
+        (["run", "--lakehouse", "L", "--landing", "fixtures/transactions", "--alerts-topic", "a"], "--alerts-topic a needs Kafka bootstrap"),
         (["stream", "--lakehouse", "L", "--landing", "x", "--kafka-topic", "p", "--kafka-bootstrap", "h:1"], "not both"),
         (["generate", "--duration", "1"], "--landing FOLDER or --kafka-topic TOPIC"),
     ],
@@ -246,7 +309,7 @@ def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
     # JVM's stderr at every query start; session.py filters those lines out of the user's terminal.
     command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lh"),
-               "--transactions", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
+               "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

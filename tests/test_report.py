@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 
 import pytest
 
-from rulewatch.report import _ticks, add_cli, build_report, horizontal_bars, stacked_bars
+from rulewatch.cli import main
+from rulewatch.report import _ticks, build_report, horizontal_bars, stacked_bars
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -79,10 +79,7 @@ def test_chart_geometry_is_proportional():
 
 
 def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rulewatch")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def test_cli_names_a_lakehouse_without_gold_tables(tmp_path, capsys):
@@ -95,5 +92,9 @@ def test_cli_names_a_lakehouse_without_gold_tables(tmp_path, capsys):
 def test_cli_writes_the_report(spark, fixture_run, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert _cli(["report", "--lakehouse", fixture_run.lakehouse.root, "--out", str(out)]) == 0
-    assert str(out) in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == f"rulewatch report: wrote {out.resolve()}\n"  # the result alone; progress on stderr
+    assert captured.err == (
+        f"rulewatch report: starting Spark ...\nrulewatch report: reading the gold, silver and rules tables of {fixture_run.lakehouse.root} ...\n"
+    )
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

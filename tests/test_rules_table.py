@@ -279,7 +279,10 @@ def test_rules_cli(spark, tmp_path, capsys):
     assert "no rules table" in capsys.readouterr().err
 
     assert rules_cli("rules", "apply", str(FIXTURES / "rules.json"), "--lakehouse", lh, "--updated-by", "alice") == 0
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    # Progress while Spark starts goes to stderr: stdout is the changes alone.
+    assert captured.err == f"rulewatch rules: starting Spark ...\nrulewatch rules: merging 4 rule(s) into {Lakehouse(lh).rules} ...\n"
+    out = captured.out.splitlines()
     assert out[:4] == [f"rule {i}: added" for i in (1, 2, 3, 4)] and out[4].startswith("rules: 4 added; written to")
 
     edited_file = write_rules(tmp_path / "edit.json", edited(r1={"limit": 1200}, r4={"ruleState": "DELETE"}))
@@ -302,7 +305,9 @@ def test_rules_cli(spark, tmp_path, capsys):
     assert version(spark, Lakehouse(lh).rules) == v
 
     assert rules_cli("rules", "export", "--lakehouse", lh) == 0
-    exported = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    exported = json.loads(captured.out)  # the rules file alone, progress beside it on stderr
+    assert captured.err == f"rulewatch rules: starting Spark ...\nrulewatch rules: reading {Lakehouse(lh).rules} ...\n"
     assert [(r["ruleId"], r["limit"]) for r in exported] == [(1, 1200), (2, 5), (3, 4)]
     out_file = tmp_path / "out" / "rules.json"
     out_file.parent.mkdir()
@@ -310,7 +315,9 @@ def test_rules_cli(spark, tmp_path, capsys):
     assert json.loads(out_file.read_text()) == exported and "3 rule(s) written" in capsys.readouterr().err
 
     assert rules_cli("rules", "history", "--lakehouse", lh) == 0
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == f"rulewatch rules: updating {Lakehouse(lh).rule_history} from the change feed ..."
+    lines = captured.out.splitlines()
     assert lines[0].startswith("rules history: last 6 change(s)")
     assert lines[5].split()[0] == "v2" and "rule 1" in lines[5] and "limit 1000 -> 1200" in lines[5]
     assert "rule 4" in lines[6] and "deleted" in lines[6]

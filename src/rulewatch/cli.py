@@ -6,21 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+# Only modules free of Spark, Delta, pyarrow and the Databricks SDK: the parser is built for every command
+# (the heavy ones load when their command runs, through arguments.command).
 from rulewatch import arguments
-from rulewatch.checkpoints import CheckpointError
-from rulewatch.jobs import add_cli as add_job_cli
 from rulewatch.kafka import arguments as kafka_arguments
 from rulewatch.kafka.cli import add_cli as add_kafka_cli
-from rulewatch.kafka.client import KafkaConfigError
-from rulewatch.kafka.source import KafkaSource
-from rulewatch.lakehouse import LakehouseBusy, LakehouseUnwritable
-from rulewatch.landing import LandingError
-from rulewatch.live import add_cli as add_live_cli
+from rulewatch.remote import DEFAULT_JOB
 from rulewatch.remote import add_cli as add_remote_cli
-from rulewatch.report import add_cli as add_report_cli
-from rulewatch.rules import RuleSetError, load_rules_file
+from rulewatch.rules import load_rules_file
 from rulewatch.rules_cli import add_cli as add_rules_cli
-from rulewatch.rules_table import RulesConflict
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -29,17 +23,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rulewatch.pipeline import latest_alerts, run_all
     from rulewatch.session import get_spark
 
-    source: str | KafkaSource | None = kafka_arguments.source(args)
-    if bool(source) == bool(args.transactions):
-        print("rulewatch: give the transactions either as --transactions FOLDER or as --kafka-topic TOPIC (with --kafka-bootstrap)", file=sys.stderr)
+    source = kafka_arguments.source(args)
+    if bool(source) == bool(args.landing):
+        print("rulewatch: give the transactions either as --landing FOLDER or as --kafka-topic TOPIC (with --kafka-bootstrap)", file=sys.stderr)
         return 2
     if source is None:
-        landing = Path(args.transactions)
+        landing = Path(args.landing)
         if not landing.exists():
-            print(f"rulewatch: --transactions {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
+            print(f"rulewatch: --landing {landing} does not exist; point it at a folder of JSON-lines files", file=sys.stderr)
             return 2
         if not landing.is_dir():
-            print(f"rulewatch: --transactions {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
+            print(f"rulewatch: --landing {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
             return 2
         source = str(landing.resolve())
     if args.rules:
@@ -120,49 +114,131 @@ def _version() -> str:
         return "(not installed)"
 
 
+def _add_job_cli(subparsers: argparse._SubParsersAction) -> None:
+    job = subparsers.add_parser("job", help="the asset bundle job")
+    job_sub = job.add_subparsers(dest="job_command", required=True)
+    run = job_sub.add_parser("run", help="run the bundle job's task DAG locally, one notebook execution per task")
+    run.add_argument("job", nargs="?", help=f"job key under resources.jobs (default: {DEFAULT_JOB}; rulewatch_live runs live mode until cancelled)")
+    run.add_argument("--target", "-t", default="local", help="only 'local'; remote runs use `databricks bundle run -t <target>`")
+    run.add_argument("--lakehouse", help="job parameter lakehouse: folder for every Delta table and checkpoint")
+    run.add_argument("--landing", help="job parameter landing (default: fixtures/transactions in the bundle root)")
+    run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
+    run.add_argument("--var", type=arguments.key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
+    run.add_argument("--param", type=arguments.key_value, action="append", default=[], metavar="NAME=VALUE", help="set a job parameter (as `databricks bundle run --params`), e.g. duration=60 for rulewatch_live")
+    run.set_defaults(func=arguments.command("rulewatch.jobs:cmd_job_run"))
+
+
+def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
+    report = subparsers.add_parser("report", help="a self-contained HTML report with charts from the gold tables")
+    report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
+    report.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    report.add_argument("--mask", action="store_true", help="pseudonymise account identifiers, as the dashboard does for non-members")
+    report.set_defaults(func=arguments.command("rulewatch.report:_cmd_report"))
+
+
+def _stream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
+    parser.add_argument("--shards", type=arguments.shards, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
+    parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
+    parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
+
+
+def _generator_options(parser: argparse.ArgumentParser, rate: float) -> None:
+    parser.add_argument("--rate", type=arguments.generator("rate", 1000), default=rate, help=f"events per second (default {rate:,.0f})")
+    parser.add_argument("--seed", type=arguments.count("seed", 7, minimum=0), default=7)
+    parser.add_argument("--file-interval", type=arguments.generator("file_interval", 0.2), default=0.2, help="seconds between landing files (default 0.2)")
+    parser.add_argument("--pattern-every", type=arguments.generator("pattern_every", 5), default=5.0, help="seconds between injected pattern instances; 0: none")
+
+
+def _add_live_cli(subparsers: argparse._SubParsersAction) -> None:
+    gen = subparsers.add_parser("generate", help="land labelled live traffic (JSON lines) at a steady rate")
+    gen.add_argument("--landing", help="landing folder the stream reads (or --kafka-topic)")
+    gen.add_argument("--labels", help="folder for the injected patterns' labels (default: <landing>-labels, beside it)")
+    gen.add_argument("--duration", type=arguments.generator("duration", 60), default=60, help="seconds of traffic (default 60)")
+    gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
+    _generator_options(gen, 1000)
+    kafka_arguments.add_options(gen, alerts=False)
+    gen.set_defaults(func=arguments.command("rulewatch.live:cmd_generate"))
+
+    live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
+    _stream_options(live)
+    live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
+    live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
+    live.add_argument("--duration", type=arguments.generator("duration", 60), help="stop after this many seconds (default: run until Ctrl-C)")
+    kafka_arguments.add_options(live)
+    live.set_defaults(func=arguments.command("rulewatch.live:cmd_stream"))
+
+    dem = subparsers.add_parser("demo", help="generator + stream together, alerts as they land, detection score and latency")
+    _stream_options(dem)
+    dem.add_argument("--minutes", type=arguments.minutes, default=2, help="minutes of generated traffic (default 2)")
+    dem.add_argument("--rules", action="append", help="rules file to MERGE first (repeatable; default: fixtures/rules.json + live_rules.json)")
+    _generator_options(dem, 1000)
+    kafka_arguments.add_options(dem)
+    dem.set_defaults(func=arguments.command("rulewatch.live:cmd_demo"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
+    parser = arguments.Parser(prog="rulewatch", description="Dynamic-rule fraud alerting on Spark + Delta")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error instead of one line")
     parser.add_argument("--version", action="version", version=f"rulewatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="process everything landed once (bronze -> silver -> gold) and summarise")
     run.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
-    run.add_argument("--transactions", help="landing folder of JSON-lines transaction files (or --kafka-topic)")
+    run.add_argument("--landing", help="landing folder of JSON-lines transaction files (or --kafka-topic)")
+    # The flag's name before it matched stream, generate and job run; still accepted, no longer shown.
+    run.add_argument("--transactions", dest="landing", help=argparse.SUPPRESS)
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
     run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call")
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     kafka_arguments.add_options(run)
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=arguments.command("rulewatch.cli:_cmd_run"))
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
-    bench.add_argument("--events", type=int, default=200_000)
-    bench.add_argument("--keys", type=int, default=10_000)
-    bench.add_argument("--batch-events", type=int, default=50_000)
+    bench.add_argument("--events", type=arguments.count("events", 200_000), default=200_000)
+    bench.add_argument("--keys", type=arguments.count("keys", 10_000), default=10_000)
+    bench.add_argument("--batch-events", type=arguments.count("batch events", 50_000), default=50_000)
     bench.add_argument("--shards", type=arguments.shards, default=16)
-    bench.add_argument("--limit", type=int, default=12_500, help="the SUM rule's limit (lower: more events alert)")
-    bench.add_argument("--state-slots", type=int, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
-    bench.add_argument("--scale-curve", type=int, nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
+    bench.add_argument("--limit", type=arguments.count("limit", 12_500), default=12_500, help="the SUM rule's limit (lower: more events alert)")
+    bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
+    bench.add_argument("--scale-curve", type=arguments.count("events per key", 1000), nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
     bench.add_argument("--pipeline", action="store_true", help="instead: the whole job per layer on generated landing files (issue #14's shape)")
-    bench.add_argument("--rule-propagation", type=int, metavar="TRIALS", help="instead: time rule changes reaching a running stream")
-    bench.set_defaults(func=_cmd_bench)
+    bench.add_argument("--rule-propagation", type=arguments.count("trials", 5), metavar="TRIALS", help="instead: time rule changes reaching a running stream")
+    bench.set_defaults(func=arguments.command("rulewatch.cli:_cmd_bench"))
     add_rules_cli(sub)
-    add_job_cli(sub)
+    _add_job_cli(sub)
     add_remote_cli(sub)
-    add_report_cli(sub)
-    add_live_cli(sub)
+    _add_report_cli(sub)
+    _add_live_cli(sub)
     add_kafka_cli(sub)
     return parser
 
 
 # Errors that say what is wrong and how to fix it: the message is all the user needs, not a traceback.
-USER_ERRORS = (RuleSetError, RulesConflict, LakehouseBusy, LakehouseUnwritable, LandingError, CheckpointError, KafkaConfigError)
+# Named by module so that checking for them imports nothing: an error whose module was never imported
+# cannot have been raised.
+USER_ERRORS = {
+    "rulewatch.arguments": ("MissingExtra",),
+    "rulewatch.rules": ("RuleSetError",),
+    "rulewatch.rules_table": ("RulesConflict",),
+    "rulewatch.lakehouse": ("LakehouseBusy", "LakehouseUnwritable"),
+    "rulewatch.landing": ("LandingError",),
+    "rulewatch.checkpoints": ("CheckpointError",),
+    "rulewatch.kafka.client": ("KafkaConfigError",),
+}
+
+
+def _user_error(err: BaseException) -> bool:
+    loaded = [getattr(sys.modules[m], n) for m, names in USER_ERRORS.items() if m in sys.modules for n in names]
+    return isinstance(err, tuple(loaded))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except USER_ERRORS as err:
-        if args.debug:
+    except Exception as err:
+        if args.debug or not _user_error(err):
             raise
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -27,31 +26,8 @@ from rulewatch.packing import pack
 from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
-from rulewatch.silver import FUTURE_TOLERANCE_ENV, future_tolerance
+from rulewatch.settings import GoldSettings
 from rulewatch.sinks import crash_point, append_once, batch_column, ensure_table
-
-
-@dataclass(frozen=True)
-class GoldSettings:
-    shards: int = 16
-    allowed_lateness: str = "1h"
-    cleanup_granularity: str = "1m"
-    max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
-    state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
-    alerts_topic: KafkaTopic | None = None  # also publish alerts here (at least once; kafka/alerts.py)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.shards <= 4096:
-            raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
-        if not 0 <= self.state_slots <= 1_000_000:
-            raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
-        parse_duration(self.cleanup_granularity)
-        if parse_duration(self.allowed_lateness) < parse_duration(future_tolerance()):
-            raise ValueError(
-                f"allowed lateness {self.allowed_lateness} is below silver's future tolerance "
-                f"{future_tolerance()} ({FUTURE_TOLERANCE_ENV}): one event "
-                "dated that far ahead could then make on-time events late. Raise the lateness or lower the tolerance."
-            )
 
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from rulewatch.bundle_config import BundleError, Identity, load_config
-from rulewatch.remote import DEFAULT_JOB
 from rulewatch.lakehouse import Lakehouse, exclusive
+from rulewatch.remote import DEFAULT_JOB
 from rulewatch.widgets import widget_env
 
 Log = Callable[[str], None]
@@ -104,6 +104,7 @@ class TaskResult:
     error: str | None = None  # "<ename>: <evalue>" of the failing cell, or why it was skipped
     parameters: dict[str, str] = field(default_factory=dict)  # the widget values the notebook got
     notebook: Any = None  # the executed nbformat notebook (outputs included) when it ran
+    warnings: tuple[str, ...] = ()  # the notebook's output lines that start with "WARNING:"
 
 
 def find_bundle_root(start: Path | None = None) -> Path:
@@ -258,6 +259,17 @@ def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[An
     return nb, None
 
 
+def notebook_warnings(nb: Any) -> tuple[str, ...]:
+    """The lines of an executed notebook's output that start with ``WARNING:`` (e.g. the summary's
+    no-active-rule warning): a task can succeed and still have something the user must see."""
+    texts = []
+    for cell in nb.cells if nb is not None else ():
+        for output in cell.get("outputs", ()):
+            text = output.get("text") if output.get("output_type") == "stream" else output.get("data", {}).get("text/plain")
+            texts.append("".join(text) if isinstance(text, list) else text or "")
+    return tuple(line.strip() for text in texts for line in text.splitlines() if line.strip().startswith("WARNING:"))
+
+
 def run_job_locally(
     job_key: str | None,
     overrides: dict[str, str],
@@ -294,8 +306,11 @@ def run_job_locally(
         nb, error = _execute_notebook(task, params[task.key], bundle.root)
         seconds = time.monotonic() - started
         status: Literal["ok", "failed"] = "ok" if error is None else "failed"
-        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb)
+        warnings = notebook_warnings(nb)
+        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb, warnings)
         log(f"{prefix} {status} ({seconds:.1f}s)" if error is None else f"{prefix} FAILED ({seconds:.1f}s): {error}")
+        for warning in warnings:
+            log(f"    {warning}")
 
     outcome = [results[task.key] for task in order]
     if any(r.status != "ok" for r in outcome):
@@ -303,14 +318,7 @@ def run_job_locally(
     return outcome
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
-def _cmd_job_run(args: argparse.Namespace) -> int:
+def cmd_job_run(args: argparse.Namespace) -> int:
     if args.target != "local":
         print(
             f"rulewatch: job run only runs --target local; run on Databricks with "
@@ -340,26 +348,15 @@ def _cmd_job_run(args: argparse.Namespace) -> int:
         overrides.update(dict(args.param))
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
         with exclusive(Lakehouse(args.lakehouse)):
-            run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
+            results = run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobRunFailed as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 1
     except JobError as err:  # the bundle or the command line is wrong: nothing ran
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
+    # Repeated as the last lines: "ok" on every task must not hide that nothing could alert.
+    for result in results:
+        for warning in result.warnings:
+            print(f"rulewatch: task {result.task_key}: {warning}", file=sys.stderr)
     return 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``job run [JOB] --target local --lakehouse DIR ...`` on the ``rulewatch`` parser."""
-    job = subparsers.add_parser("job", help="the asset bundle job")
-    job_sub = job.add_subparsers(dest="job_command", required=True)
-    run = job_sub.add_parser("run", help="run the bundle job's task DAG locally, one notebook execution per task")
-    run.add_argument("job", nargs="?", help=f"job key under resources.jobs (default: {DEFAULT_JOB}; rulewatch_live runs live mode until cancelled)")
-    run.add_argument("--target", "-t", default="local", help="only 'local'; remote runs use `databricks bundle run -t <target>`")
-    run.add_argument("--lakehouse", help="job parameter lakehouse: folder for every Delta table and checkpoint")
-    run.add_argument("--landing", help="job parameter landing (default: fixtures/transactions in the bundle root)")
-    run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
-    run.add_argument("--var", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
-    run.add_argument("--param", type=_key_value, action="append", default=[], metavar="NAME=VALUE", help="set a job parameter (as `databricks bundle run --params`), e.g. duration=60 for rulewatch_live")
-    run.set_defaults(func=_cmd_job_run)

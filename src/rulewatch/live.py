@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch import arguments, generate
+from rulewatch import generate
 from rulewatch.bronze import Source, check_source
 from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, start_gold
@@ -539,9 +539,24 @@ def _apply_rules(spark: SparkSession, lakehouse: Lakehouse, files: list[str], lo
             log(f"rules: {change}")
 
 
-def _check_files(files: list[str]) -> str | None:
-    missing = [f for f in files if not Path(f).is_file()]
-    return f"rules file(s) not found: {', '.join(missing)}" if missing else None
+def _check_rules_files(files: list[str]) -> list[str]:
+    """Every problem of every rules file, found before Spark starts (as `rulewatch run` does)."""
+    from rulewatch.rules import RuleSetError, load_rules_file
+
+    problems = []
+    for path in files:
+        try:
+            load_rules_file(path)
+        except RuleSetError as err:
+            problems.append(str(err))
+    return problems
+
+
+def _refuse(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"rulewatch: {problem}", file=sys.stderr)
+    print("rulewatch: nothing was started or written", file=sys.stderr)
+    return 2
 
 
 def _config(args: argparse.Namespace, duration: float, run_id: str | None) -> generate.GeneratorConfig:
@@ -590,9 +605,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         return 2
     landing = Path(args.landing or Path(lakehouse.root, "landing"))
     settings = _settings(args)
-    if error := _check_files(args.rules):
-        print(f"rulewatch: {error}", file=sys.stderr)
-        return 2
+    if problems := _check_rules_files(args.rules):
+        return _refuse(problems)
     with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
         if not kafka:
             landing.mkdir(parents=True, exist_ok=True)
@@ -620,56 +634,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
-    if error := _check_files(rules):
-        print(f"rulewatch: {error}", file=sys.stderr)
-        return 2
+    if problems := _check_rules_files(rules):
+        return _refuse(problems)
     with exclusive(lakehouse):
         spark = get_spark("rulewatch-demo")
         _apply_rules(spark, lakehouse, rules, print)
         report = demo(spark, lakehouse, landing, labels, config, settings)
     print("\n".join(report.lines()))
     return 0 if report.caught_up else 1
-
-
-def _stream_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
-    parser.add_argument("--trigger", default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
-    parser.add_argument("--shards", type=arguments.shards, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
-    parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions for new checkpoints")
-    parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
-    parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
-
-
-def _generator_options(parser: argparse.ArgumentParser, rate: float) -> None:
-    parser.add_argument("--rate", type=float, default=rate, help=f"events per second (default {rate:,.0f})")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--file-interval", type=float, default=0.2, help="seconds between landing files (default 0.2)")
-    parser.add_argument("--pattern-every", type=float, default=5.0, help="seconds between injected pattern instances; 0: none")
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``generate``, ``stream`` and ``demo`` on the main parser's subparsers."""
-    gen = subparsers.add_parser("generate", help="land labelled live traffic (JSON lines) at a steady rate")
-    gen.add_argument("--landing", help="landing folder the stream reads (or --kafka-topic)")
-    gen.add_argument("--labels", help="folder for the injected patterns' labels (default: <landing>-labels, beside it)")
-    gen.add_argument("--duration", type=float, default=60, help="seconds of traffic (default 60)")
-    gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
-    _generator_options(gen, 1000)
-    kafka_arguments.add_options(gen, alerts=False)
-    gen.set_defaults(func=cmd_generate)
-
-    live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
-    _stream_options(live)
-    live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
-    live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
-    live.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
-    kafka_arguments.add_options(live)
-    live.set_defaults(func=cmd_stream)
-
-    dem = subparsers.add_parser("demo", help="generator + stream together, alerts as they land, detection score and latency")
-    _stream_options(dem)
-    dem.add_argument("--minutes", type=float, default=2, help="minutes of generated traffic (default 2)")
-    dem.add_argument("--rules", action="append", help="rules file to MERGE first (repeatable; default: fixtures/rules.json + live_rules.json)")
-    _generator_options(dem, 1000)
-    kafka_arguments.add_options(dem)
-    dem.set_defaults(func=cmd_demo)

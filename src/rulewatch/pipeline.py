@@ -87,7 +87,8 @@ class Summary:
     alerts: int
     late: int
     alerts_per_rule: dict[int, int] = field(default_factory=dict)
-    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)  # reason code -> lines
+    quarantine_examples: dict[str, str] = field(default_factory=dict)  # reason code -> one reason text
     landing: LandingReport | None = field(default_factory=LandingReport)  # None: a Kafka source (no files)
     source: str | None = None  # what was ingested, when not a landing folder
     active_rules: int | None = None  # ACTIVE rows in config/rules after the run (None: not counted)
@@ -126,7 +127,10 @@ class Summary:
         out += [f"  rule {rule_id}: {n} alert(s)" for rule_id, n in sorted(self.alerts_per_rule.items())]
         if self.quarantine_reasons:
             out.append("quarantine reasons:")
-            out += [f"  {n} x {reason}" for reason, n in sorted(self.quarantine_reasons.items())]
+            out += [
+                f"  {n} x {code}" + (f"  (e.g. {self.quarantine_examples[code]})" if code in self.quarantine_examples else "")
+                for code, n in sorted(self.quarantine_reasons.items())
+            ]
         return out
 
 
@@ -138,6 +142,12 @@ def summarize(
 
     alerts = read(lakehouse.alerts)
     quarantine = read(lakehouse.silver_quarantine)
+    # By stable code, not by text: the texts name the bad values, so they would split into one group per
+    # value. A line failing several checks counts under each code, as the quarantine_reasons view does.
+    codes = quarantine.select(
+        F.posexplode(F.split(F.coalesce("reason_code", F.lit("uncoded")), "; ")).alias("i", "code"), F.split("reason", "; ").alias("texts")
+    )
+    per_code = codes.groupBy("code").agg(F.count("*").alias("lines"), F.min(F.element_at("texts", F.col("i") + 1)).alias("example")).collect()
     return Summary(
         bronze=read(lakehouse.bronze_transactions).count(),
         silver=read(lakehouse.silver_transactions).count(),
@@ -146,7 +156,8 @@ def summarize(
         alerts=alerts.count(),
         late=read(lakehouse.late_events).count(),
         alerts_per_rule={r["rule_id"]: r["count"] for r in alerts.groupBy("rule_id").count().collect()},
-        quarantine_reasons={r["reason"]: r["count"] for r in quarantine.groupBy("reason").count().collect()},
+        quarantine_reasons={r["code"]: r["lines"] for r in per_code},
+        quarantine_examples={r["code"]: r["example"] for r in per_code if r["example"]},
         landing=landing if landing or source else LandingReport(),
         source=source,
         active_rules=read(lakehouse.rules).where(F.col("ruleState") == "ACTIVE").count(),

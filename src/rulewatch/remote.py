@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from rulewatch import arguments
+
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
     from databricks.sdk.core import Config
@@ -306,13 +308,6 @@ def latest_alerts(
 # ---- command line --------------------------------------------------------------------------------------
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, value
-
-
 def _fail(message: str) -> None:
     print(f"rulewatch: {message}", file=sys.stderr)
 
@@ -398,13 +393,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
     run = remote_sub.add_parser("run", help="trigger the deployed job and follow its tasks to the end")
     run.add_argument("job", nargs="?", help=f"bundle job key, job name (a '[dev <user>] ' prefix is allowed) or job id (default: {DEFAULT_JOB})")
-    run.add_argument("--param", type=_key_value, action="append", default=[], metavar="K=V", help="job parameter for this run (repeatable)")
+    run.add_argument("--param", type=arguments.key_value, action="append", default=[], metavar="K=V", help="job parameter for this run (repeatable)")
     run.add_argument("--no-follow", dest="follow", action="store_false", help="print the run id and URL and return at once")
     run.add_argument(
         "--timeout-minutes", type=_positive_minutes, default=120, help="stop following (exit 1) after this long; the run goes on (default: 120)"
     )
     run.add_argument("--profile", help="~/.databrickscfg profile (default: DATABRICKS_CONFIG_PROFILE, else the environment or [DEFAULT])")
-    run.set_defaults(func=cmd_remote_run)
+    run.set_defaults(func=arguments.command("rulewatch.remote:cmd_remote_run", "remote"))
 
     alerts = remote_sub.add_parser("alerts", help="the newest alerts, read through a SQL warehouse")
     alerts.add_argument("--warehouse-id", required=True, help="SQL warehouse id (the bundle variable warehouse_id)")
@@ -413,4 +408,4 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     alerts.add_argument("--volume", default=DEFAULT_VOLUME, help=f"volume holding the lakehouse (default: {DEFAULT_VOLUME})")
     alerts.add_argument("--limit", type=_positive_int, default=20, help="how many alerts (default: 20)")
     alerts.add_argument("--profile", help="~/.databrickscfg profile (default: DATABRICKS_CONFIG_PROFILE, else the environment or [DEFAULT])")
-    alerts.set_defaults(func=cmd_remote_alerts)
+    alerts.set_defaults(func=arguments.command("rulewatch.remote:cmd_remote_alerts", "remote"))

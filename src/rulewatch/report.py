@@ -293,26 +293,22 @@ def build_report(spark: SparkSession, lakehouse: Lakehouse, mask: bool = False) 
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from rulewatch.arguments import progress
     from rulewatch.session import get_spark
 
     lakehouse = Lakehouse(args.lakehouse)
     if not Path(lakehouse.alerts, "_delta_log").is_dir():
         print(
             f"rulewatch report: no gold/alerts table under {lakehouse.root}; "
-            f"run `rulewatch run --lakehouse {args.lakehouse} --transactions ...` first",
+            f"run `rulewatch run --lakehouse {args.lakehouse} --landing ...` first",
             file=sys.stderr,
         )
         return 2
-    html = build_report(get_spark("rulewatch-report"), lakehouse, mask=args.mask)
+    progress("rulewatch report", "starting Spark")
+    spark = get_spark("rulewatch-report")
+    progress("rulewatch report", f"reading the gold, silver and rules tables of {lakehouse.root}")
+    html = build_report(spark, lakehouse, mask=args.mask)
     out = Path(args.out)
     out.write_text(html, encoding="utf-8")
     print(f"rulewatch report: wrote {out.resolve()}")
     return 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    report = subparsers.add_parser("report", help="a self-contained HTML report with charts from the gold tables")
-    report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
-    report.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
-    report.add_argument("--mask", action="store_true", help="pseudonymise account identifiers, as the dashboard does for non-members")
-    report.set_defaults(func=_cmd_report)

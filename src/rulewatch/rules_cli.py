@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from rulewatch import arguments
 from rulewatch.rules import RuleError, RuleSetError, parse_rule
 
 
@@ -20,6 +21,7 @@ def _spark_and_lakehouse(args: argparse.Namespace):
     from rulewatch.lakehouse import Lakehouse
     from rulewatch.session import get_spark
 
+    arguments.progress("rulewatch rules", "starting Spark")
     return get_spark(), Lakehouse(args.lakehouse)
 
 
@@ -36,6 +38,7 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     try:
         rules = load_rules_file(args.file)  # before Spark starts: a bad file fails fast
         spark, lakehouse = _spark_and_lakehouse(args)
+        arguments.progress("rulewatch rules", f"merging {len(rules)} rule(s) into {lakehouse.rules}")
         changes = apply_rules(spark, lakehouse, rules, args.updated_by)
     except RuleSetError as err:
         source = err.source or args.file
@@ -58,6 +61,7 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
         return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"reading {lakehouse.rules}")
     rules = export_rules(spark, lakehouse)
     for rule in rules:
         try:
@@ -92,6 +96,7 @@ def cmd_rules_history(args: argparse.Namespace) -> int:
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
         return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"updating {lakehouse.rule_history} from the change feed")
     run_rule_history(spark, lakehouse)
     rows = latest_rule_history(spark, lakehouse, args.last)
     print(f"rules history: last {len(rows)} change(s) of {lakehouse.rules}")
@@ -133,24 +138,24 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     apply.add_argument("file", help="rules file: a JSON array or JSON lines")
     apply.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     apply.add_argument("--updated-by", help="name recorded in updated_by (default: the OS user)")
-    apply.set_defaults(func=cmd_rules_apply)
+    apply.set_defaults(func=arguments.needs(cmd_rules_apply))
 
     export = sub.add_parser("export", help="write config/rules as a rules file")
     export.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     export.add_argument("--out", help="file to write (default: stdout)")
-    export.set_defaults(func=cmd_rules_export)
+    export.set_defaults(func=arguments.needs(cmd_rules_export))
 
     history = sub.add_parser("history", help="update gold/rule_history from the change feed and show the last changes")
     history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
-    history.add_argument("--last", type=int, default=20, help="how many changes to show (default 20)")
-    history.set_defaults(func=cmd_rules_history)
+    history.add_argument("--last", type=arguments.count("changes", 20), default=20, help="how many changes to show (default 20)")
+    history.set_defaults(func=arguments.needs(cmd_rules_history))
 
     clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
     clear.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     which = clear.add_mutually_exclusive_group(required=True)
-    which.add_argument("--rule", type=int, help="the rule id to clear")
+    which.add_argument("--rule", type=arguments.rule_id, help="the rule id to clear")
     which.add_argument("--all", action="store_true", help="clear every current rule")
     clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
     clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
-    clear.set_defaults(func=cmd_rules_clear_state)
+    clear.set_defaults(func=arguments.needs(cmd_rules_clear_state))
     return rules

@@ -20,6 +20,7 @@ from rulewatch import schema
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, record
 from rulewatch.rules import parse_duration
+from rulewatch.settings import FUTURE_TOLERANCE_ENV, future_tolerance
 from rulewatch.sinks import append_once, batch_column, ensure_table
 
 MAX_AMOUNT = 10**12
@@ -27,12 +28,6 @@ WHITESPACE = " \t\r\n"  # JSON's whitespace
 # An event time before this is a unit mistake (epoch seconds read as milliseconds land in January
 # 1970) or a placeholder, not a payment.
 EVENT_TIME_FLOOR = "2000-01-01T00:00:00Z"
-# An event time further than this past its own ingest time is quarantined. A future-dated event
-# would otherwise drag the watermark ahead and make every on-time event after it "late"; with the
-# tolerance no larger than gold's allowed lateness, no accepted event can move the watermark past
-# the ingest clock (docs/reliability.md, "Watermark poisoning"). Covers producer clock skew only.
-FUTURE_TOLERANCE_ENV = "RULEWATCH_FUTURE_TOLERANCE"
-DEFAULT_FUTURE_TOLERANCE = "5m"
 # An eventTime string must carry a date and a time of day (seconds, fraction and zone optional; no
 # zone means UTC): Spark alone would read "12:30" as today and "2026-11-23" as midnight.
 ISO_DATE_TIME = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?$"
@@ -127,11 +122,6 @@ def reason_codes(reasons: Column) -> Column:
         return chosen
 
     return F.array_join(F.transform(reasons, code), "; ")
-
-
-def future_tolerance() -> str:
-    """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
-    return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
 
 
 def _skeleton(json_text: Column) -> Column:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from rulewatch import arguments
 from rulewatch.kafka.client import KafkaConfigError, KafkaTopic
-from rulewatch.kafka.source import KafkaSource
+
+if TYPE_CHECKING:  # the source reads through Spark; the parser must not import it
+    from rulewatch.kafka.source import KafkaSource
 
 
 def add_options(parser: argparse.ArgumentParser, source: bool = True, alerts: bool = True) -> None:
@@ -14,7 +18,7 @@ def add_options(parser: argparse.ArgumentParser, source: bool = True, alerts: bo
     if source:
         group.add_argument("--kafka-topic", help="read transactions from this topic instead of a landing folder")
         group.add_argument("--kafka-starting-offsets", default="earliest", help="where a new checkpoint starts reading: earliest (default) or latest")
-        group.add_argument("--kafka-max-offsets", type=int, metavar="N", help="at most N records per micro-batch (default: all available)")
+        group.add_argument("--kafka-max-offsets", type=arguments.count("max offsets", 10_000), metavar="N", help="at most N records per micro-batch (default: all available)")
     if alerts:
         group.add_argument("--alerts-topic", help="also publish every alert to this topic (at least once; dedupe on alert_id)")
     group.add_argument("--kafka-secret-scope", help="Databricks secret scope with kafka-sasl-username / kafka-sasl-password (locally: RULEWATCH_KAFKA_SASL_* env)")
@@ -41,6 +45,8 @@ def source_of(
 
     Job parameters and widgets are text and "" for unset: empty ``starting_offsets`` means earliest,
     empty ``max_offsets`` no cap."""
+    from rulewatch.kafka.source import KafkaSource
+
     named = topic_of(bootstrap, topic, secret_scope, flag)
     if not named:
         return None

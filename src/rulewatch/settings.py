@@ -1,0 +1,48 @@
+"""The evaluator's settings and the limits they are checked against.
+
+Kept free of Spark so the command line can check a flag value while it parses, before (and without)
+anything heavy is imported; ``rulewatch.gold`` uses the same class.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rulewatch.kafka.client import KafkaTopic
+from rulewatch.rules import parse_duration
+
+# An event time further than this past its own ingest time is quarantined. A future-dated event
+# would otherwise drag the watermark ahead and make every on-time event after it "late"; with the
+# tolerance no larger than gold's allowed lateness, no accepted event can move the watermark past
+# the ingest clock (docs/reliability.md, "Watermark poisoning"). Covers producer clock skew only.
+FUTURE_TOLERANCE_ENV = "RULEWATCH_FUTURE_TOLERANCE"
+DEFAULT_FUTURE_TOLERANCE = "5m"
+
+
+def future_tolerance() -> str:
+    """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
+    return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
+
+
+@dataclass(frozen=True)
+class GoldSettings:
+    shards: int = 16
+    allowed_lateness: str = "1h"
+    cleanup_granularity: str = "1m"
+    max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
+    state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
+    alerts_topic: KafkaTopic | None = None  # also publish alerts here (at least once; kafka/alerts.py)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= 4096:
+            raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
+        if not 0 <= self.state_slots <= 1_000_000:
+            raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
+        parse_duration(self.cleanup_granularity)
+        if parse_duration(self.allowed_lateness) < parse_duration(future_tolerance()):
+            raise ValueError(
+                f"allowed lateness {self.allowed_lateness} is below silver's future tolerance "
+                f"{future_tolerance()} ({FUTURE_TOLERANCE_ENV}): one event "
+                "dated that far ahead could then make on-time events late. Raise the lateness or lower the tolerance."
+            )
