@@ -42,7 +42,7 @@ $(STAMP40): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV40)
 	$(VENV40)/bin/python -m pip install --quiet --upgrade pip
 	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt
-	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
+	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev,remote]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
 	$(VENV40)/bin/python -m pip install --quiet --no-deps delta-spark==4.4.0
 	$(VENV40)/bin/python -m rulewatch.jars
 	touch $(STAMP40)
