@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rulewatch-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test clean browser
 
 setup: $(STAMP)
 
@@ -22,8 +22,15 @@ $(STAMP): pyproject.toml requirements.lock
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --transactions fixtures/transactions --rules fixtures/rules.json
 
-test: setup
+test: setup browser
 	$(BIN)/pytest -q
+
+# The report's browser test (tests/test_report_browser.py) looks at it in headless Chromium, and fails
+# rather than skips without one: install Debian's package when it is missing (as root, or through sudo).
+browser:
+	@test -x /usr/bin/chromium || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+		else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi; }
 
 clean:
 	rm -rf lakehouse .pytest_cache
