@@ -74,7 +74,9 @@ def _y_axis(ticks: list[float], left: int, plot_top: int, plot_h: int, plot_w: i
 def _label_every(labels: Sequence[str], room: float) -> int:
     """Label every n-th slot so that labels of this length (about 6.5 px a character at 11 px) never overlap."""
     widest = 6.5 * max((len(x) for x in labels), default=0) + 12
-    return max(1, math.ceil(widest / max(room, 1e-9)))
+    needed = math.ceil(widest / max(room, 1e-9))
+    # Steps that divide a day of hours (and read well for days), so labels fall on round hours.
+    return next((n for n in (1, 2, 3, 4, 6, 12, 24, 48, 72, 168) if n >= needed), needed)
 
 
 def _x_title(text: str, left: int, plot_w: int, y: int) -> str:
@@ -136,8 +138,12 @@ def horizontal_bars(labels: Sequence[str], values: Sequence[float], label: str, 
     for i, (text, value) in enumerate(zip(labels, values)):
         y = 6 + row * i
         w = plot_w * value / top
+        # Labels longer than the label column are cut with an ellipsis (the whole text on hover) rather than
+        # running off the chart's left edge.
+        fits = max(4, int((label_w - 12) / 7))
+        shown = text if len(text) <= fits else text[: fits - 1] + "…"
         parts.append(
-            f'<text x="{label_w - 8}" y="{y + 15}" font-size="12" text-anchor="end">{escape(text)}</text>'
+            f'<text x="{label_w - 8}" y="{y + 15}" font-size="12" text-anchor="end">{escape(shown)}<title>{escape(text)}</title></text>'
             f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 8}" rx="2" fill="{PALETTE[0]}"/>'
             f'<text x="{label_w + w + 6:.1f}" y="{y + 15}" font-size="12">{_number(value)}</text>'
         )
