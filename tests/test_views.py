@@ -347,7 +347,11 @@ def test_catalog_statements_reject_unsafe_names(catalog, group, message):
 
 def test_views_answer_empty_on_a_lakehouse_that_has_not_run_yet(spark, tmp_path):
     register_views(spark, Lakehouse(str(tmp_path / "fresh")), viewer_in_pii_group=False)
-    assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0)
+    # freshness always answers one row: with nothing run yet, nothing is fresh (nulls, not an empty tile).
+    assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0) | {"freshness": 1}
+    assert spark.table("freshness").first().asDict(recursive=True) | {"checked_at": None} == dict.fromkeys(
+        ("newest_event_time", "last_gold_batch_end", "checked_at", "event_lag_minutes", "gold_lag_minutes")
+    )
 
 
 # ---- table and column comments ---------------------------------------------------------------------
