@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from rulewatch.report import _ticks, add_cli, build_report, horizontal_bars, hourly_buckets, stacked_bars, time_lines
+from rulewatch.report import _ticks, add_cli, build_report, horizontal_bars, hourly_buckets, lines, stacked_bars, time_lines
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -114,6 +114,13 @@ def test_time_axis_places_points_by_time_and_names_the_date_with_year():
     assert "Batch end (UTC)" in texts and "2026-11-02 00:00" in texts  # crosses midnight: dates on the ticks
     one_day = ET.fromstring(time_lines([start, start + timedelta(seconds=30)], {"p50": [1, 2]}, "t", what="Batch end"))
     assert "Batch end, 2026-11-01 (UTC)" in [t.text for t in one_day.iter(f"{SVG}text")]
+
+
+def test_evenly_spaced_lines_keep_gaps_and_label_their_slots():
+    svg = ET.fromstring(lines(["a", "b", "c"], {"x": [1, None, 3], "y": [2, 2, 2]}, "t"))
+    assert [t.text for t in svg.iter(f"{SVG}text") if t.text in ("a", "b", "c")] == ["a", "b", "c"]
+    xs = {c.get("cx") for c in svg.iter(f"{SVG}circle")}
+    assert len(xs) == 3 and len(list(svg.iter(f"{SVG}circle"))) == 5  # series x has no point at "b"
 
 
 def test_ticks_are_round_and_cover_the_maximum():

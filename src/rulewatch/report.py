@@ -186,7 +186,7 @@ def lines(xs: Sequence[str], series: dict[str, Sequence[float | None]], label: s
     step = 1 / max(len(xs), 1)
     positions = [step * (i + 0.5) for i in range(len(xs))]  # each x mid-slot, so a lone point is not drawn on the axis
     every = _label_every(xs, (width - 88) * step)
-    return _line_chart(positions, [(positions[i], x) for i in range(0, len(xs), every)], series, label, width, x_title, y_title)
+    return _line_chart(positions, [(positions[i], xs[i]) for i in range(0, len(xs), every)], series, label, width, x_title, y_title)
 
 
 # Time-axis steps in seconds: the first that leaves at most about six gridlines is used.
