@@ -1,7 +1,8 @@
 """``rulewatch report``: the dashboard's questions answered in one self-contained HTML file.
 
 The numbers come from the same views the Lakeview dashboard reads (:mod:`rulewatch.views`); the
-charts are inline SVG drawn here, so the file opens offline, in any browser, with nothing to install.
+charts are inline SVG drawn here, so the file opens offline, in any browser, with nothing to install
+and no script to run (docs/dashboards.md says why not a charting library). Times are UTC throughout.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from html import escape
 from pathlib import Path
