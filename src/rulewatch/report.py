@@ -156,7 +156,7 @@ def _line_chart(
     label: str, width: int, x_title: str, y_title: str,
 ) -> str:
     """Lines over x positions given as shares (0-1) of the plot width; gaps where a value is missing."""
-    height, left, top_pad, bottom = 280, 64, 28, 62
+    height, left, top_pad, bottom = 280, 80, 28, 62
     plot_w, plot_h = width - left - 24, height - top_pad - bottom
     ticks = _ticks(max((v for values in series.values() for v in values if v is not None), default=0))
     top = ticks[-1]
@@ -186,7 +186,7 @@ def lines(xs: Sequence[str], series: dict[str, Sequence[float | None]], label: s
     """One line per series over evenly spaced x positions, in the order given (e.g. a key's aggregate per event)."""
     step = 1 / max(len(xs), 1)
     positions = [step * (i + 0.5) for i in range(len(xs))]  # each x mid-slot, so a lone point is not drawn on the axis
-    every = _label_every(xs, (width - 88) * step)
+    every = _label_every(xs, (width - 104) * step)  # the plot width of _line_chart
     return _line_chart(positions, [(positions[i], xs[i]) for i in range(0, len(xs), every)], series, label, width, x_title, y_title)
 
 
