@@ -175,9 +175,7 @@ def _line_chart(
         if len(points) > 1:
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
             parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        # Earlier series get bigger dots, so equal values (one alert: p50 = p95 = p99) show as rings, not one dot.
-        radius = 3 + 1.5 * (len(series) - 1 - s)
-        parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" fill="{colour}"><title>{escape(name)}: {_number(v)}</title></circle>'
+        parts.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"><title>{escape(name)}: {_number(v)}</title></circle>'
                      for (x, y), v in zip(points, [v for v in values if v is not None]))  # fmt: skip
     return _frame(width, height, "".join(parts), label)
 
