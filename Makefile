@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rulewatch-installed
 
-.PHONY: setup setup-spark40 demo test test-spark40 clean
+.PHONY: setup setup-spark40 demo test test-spark40 clean browser
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml requirements.lock
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
 
-test: setup setup-spark40
+test: setup setup-spark40 browser
 	$(BIN)/pytest -q
 	$(MAKE) --no-print-directory test-spark40
 
@@ -49,6 +49,13 @@ $(STAMP40): pyproject.toml requirements.lock
 
 test-spark40: setup-spark40
 	$(VENV40)/bin/pytest -q $(SPARK40_TESTS)
+
+# The report's browser test (tests/test_report_browser.py) looks at it in headless Chromium, and fails
+# rather than skips without one: install Debian's package when it is missing (as root, or through sudo).
+browser:
+	@test -x /usr/bin/chromium || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+		else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi; }
 
 clean:
 	rm -rf lakehouse .pytest_cache

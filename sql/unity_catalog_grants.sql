@@ -42,8 +42,10 @@ GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-engineers`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.rules TO `fraud-rule-editors`;
 GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-rule-editors`;
 
--- Analysts: the views only (SELECT on the schema covers every view in it; the schema holds no
--- tables, only views and volumes). No volume rights: no raw events, no writes.
+-- Analysts: the views only (SELECT on the schema covers every view in it, freshness included; the
+-- schema holds no tables, only views and volumes). No volume rights: no raw events, no writes. Views
+-- that read silver/transactions (rule_effectiveness, freshness) return counts and the newest event
+-- time, never an event.
 GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-analysts`;
 
 SHOW GRANTS ON SCHEMA main.rulewatch;

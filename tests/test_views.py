@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
@@ -26,17 +26,67 @@ pytestmark = pytest.mark.spark
 
 DASHBOARD = json.loads((ROOT / "resources" / "rulewatch.lvdash.json").read_text())
 DATASETS = {d["name"]: "".join(d["queryLines"]) for d in DASHBOARD["datasets"]}
+PARAMETERS = {d["name"]: {p["keyword"]: p for p in d.get("parameters", [])} for d in DASHBOARD["datasets"]}
+FILTERS = {
+    item["widget"]["name"]: item["widget"]
+    for page in DASHBOARD["pages"]
+    for item in page["layout"]
+    if item["widget"].get("spec", {}).get("widgetType", "").startswith("filter-")
+}
 WIDGETS = [
-    (page["name"], item["widget"]) for page in DASHBOARD["pages"] for item in page["layout"] if "queries" in item["widget"]
+    (page["name"], item["widget"])
+    for page in DASHBOARD["pages"]
+    for item in page["layout"]
+    if "queries" in item["widget"] and item["widget"]["name"] not in FILTERS
 ]
 _AGGREGATE = re.compile(r"^\s*(SUM|COUNT|AVG|MIN|MAX|MEDIAN)\s*\(", re.IGNORECASE)
+# What a widget may compute itself: a column, or one aggregate of one column. Anything more (a CASE,
+# arithmetic) belongs in the dataset SQL, where the other widgets and the report see the same number.
+_PLAIN_FIELD = re.compile(r"^(`\w+`|(SUM|COUNT|AVG|MIN|MAX)\((DISTINCT )?`\w+`\)|COUNT\(\*\))$")
+# Filter values as an analyst would pick them on the fixture run: its events are all on 2026-11-01.
+FIXTURE_DAY = ("2026-11-01", "2026-11-01")
 
 
-def widget_sql(query: dict) -> str:
-    """The SQL Lakeview runs for one widget query: its fields over the dataset, aggregated unless disaggregated."""
+def _bindings(filter_widget: dict) -> dict[str, dict]:
+    """Dataset name -> the encoding (``fieldName`` or ``parameterName``) through which the filter reaches it."""
+    datasets = {q["name"]: q["query"]["datasetName"] for q in filter_widget["queries"]}
+    return {datasets[f["queryName"]]: f for f in filter_widget["spec"]["encodings"]["fields"]}
+
+
+def _literal(value) -> str:
+    return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
+
+
+def dataset_sql(name: str, selections: dict[str, object]) -> str:
+    """A dataset's query as Lakeview runs it with ``selections`` (filter widget name -> a ``(first, last)``
+    date pair for a date range picker, a list of values for a multi-select): parameters bound, and the
+    field filters as a predicate around the dataset, days inclusive on both ends."""
+    sql = DATASETS[name]
+    ranges = {kw: (p["defaultSelection"]["range"]["min"]["value"], p["defaultSelection"]["range"]["max"]["value"])
+              for kw, p in PARAMETERS[name].items()}  # fmt: skip
+    predicates = []
+    for filter_name, value in selections.items():
+        binding = _bindings(FILTERS[filter_name]).get(name)
+        if binding is None:
+            continue
+        if "parameterName" in binding:
+            ranges[binding["parameterName"]] = value
+        elif FILTERS[filter_name]["spec"]["widgetType"] == "filter-date-range-picker":
+            predicates.append(f"CAST(`{binding['fieldName']}` AS DATE) BETWEEN DATE'{value[0]}' AND DATE'{value[1]}'")
+        else:
+            predicates.append(f"`{binding['fieldName']}` IN ({', '.join(_literal(v) for v in value)})")
+    for keyword, (first, last) in ranges.items():
+        sql = sql.replace(f":{keyword}.min", f"DATE'{first}'").replace(f":{keyword}.max", f"DATE'{last}'")
+    assert not re.search(r":\w+\.(min|max)\b", sql), f"{name}: a parameter no filter or default binds"
+    where = f" WHERE {' AND '.join(predicates)}" if predicates else ""
+    return f"SELECT * FROM ({sql}) AS unfiltered{where}"
+
+
+def widget_sql(query: dict, selections: dict[str, object] | None = None) -> str:
+    """The SQL Lakeview runs for one widget query: its fields over the (filtered) dataset, aggregated unless disaggregated."""
     fields = query["fields"]
     select = ", ".join(f"{f['expression']} AS `{f['name']}`" for f in fields)
-    sql = f"SELECT {select} FROM ({DATASETS[query['datasetName']]}) AS dataset"
+    sql = f"SELECT {select} FROM ({dataset_sql(query['datasetName'], selections or {})}) AS dataset"
     groups = [f["expression"] for f in fields if not _AGGREGATE.match(f["expression"])]
     if not query.get("disaggregated") and groups and len(groups) < len(fields):
         sql += " GROUP BY " + ", ".join(groups)
@@ -65,23 +115,111 @@ def _widget(name: str) -> dict:
     return next(w for _, w in WIDGETS if w["name"] == name)
 
 
-def _run_widget(spark, name: str) -> list[Row]:
-    return spark.sql(widget_sql(_widget(name)["queries"][0]["query"])).collect()
+def _run_widget(spark, name: str, selections: dict[str, object] | None = None) -> list[Row]:
+    return spark.sql(widget_sql(_widget(name)["queries"][0]["query"], selections)).collect()
 
 
 @pytest.mark.parametrize(("page", "widget"), WIDGETS, ids=[w["name"] for _, w in WIDGETS])
-def test_every_widget_query_runs_and_reads_only_its_own_fields(masked, page, widget):
-    for query in widget["queries"]:
-        frame = masked.sql(widget_sql(query["query"]))
-        frame.collect()
-        encoded = _field_names(widget["spec"]["encodings"])
-        assert encoded and encoded <= set(frame.columns), f"{page}/{widget['name']}: encodings read {encoded - set(frame.columns)}"
+def test_every_widget_query_runs_with_and_without_filters_and_reads_only_its_own_fields(masked, page, widget):
+    today = datetime.now(timezone.utc).date().isoformat()
+    for selections in ({}, {"event_date": FIXTURE_DAY, "rule": [2], "batch_date": (today, today)}):
+        for query in widget["queries"]:
+            frame = masked.sql(widget_sql(query["query"], selections))
+            frame.collect()
+            encoded = _field_names(widget["spec"]["encodings"])
+            assert encoded and encoded <= set(frame.columns), f"{page}/{widget['name']}: encodings read {encoded - set(frame.columns)}"
+            unplain = [f["expression"] for f in query["query"]["fields"] if not _PLAIN_FIELD.match(f["expression"])]
+            assert not unplain, f"{page}/{widget['name']}: compute {unplain} in the dataset SQL, not in the widget"
 
 
 def test_every_dataset_reads_one_view_and_every_view_is_on_the_dashboard():
-    read = sorted(re.search(r"FROM\s+(\w+)", sql).group(1) for sql in DATASETS.values())
+    read = {re.search(r"FROM\s+(\w+)", sql).group(1) for sql in DATASETS.values()}
     # key_window_metrics is per key over time: the explore notebook's, with a key picked first.
-    assert read == sorted(set(VIEW_NAMES) - {"key_window_metrics"})
+    # top_alerting_keys ranks over all time; the dashboard ranks within the picked event dates, so its
+    # dataset counts alerts_masked itself (test_keys_dataset_ranks_like_the_view_over_all_dates ties them).
+    assert read == set(VIEW_NAMES) - {"key_window_metrics", "top_alerting_keys"}
+
+
+def test_filters_reach_every_dataset_with_their_column(masked):
+    columns = {name: set(masked.sql(dataset_sql(name, {})).columns) for name in DATASETS}
+    date_bound = {}
+    for name, widget in FILTERS.items():
+        for dataset, binding in _bindings(widget).items():
+            if "parameterName" in binding:
+                assert binding["parameterName"] in PARAMETERS[dataset], f"{name}: {dataset} has no parameter {binding['parameterName']}"
+            else:
+                assert binding["fieldName"] in columns[dataset], f"{name}: {dataset} has no column {binding['fieldName']}"
+                # The filter's own query (its list of values) runs as well.
+                masked.sql(f"SELECT `{binding['fieldName']}` FROM ({dataset_sql(dataset, {})}) GROUP BY 1").collect()
+            if widget["spec"]["widgetType"] == "filter-date-range-picker":
+                date_bound.setdefault(dataset, []).append(name)
+    rule_bound = set(_bindings(FILTERS["rule"]))
+    assert rule_bound == {name for name, cols in columns.items() if "rule_id" in cols}
+    # Each dataset is cut by exactly one date filter, or is about all time (and its title says so).
+    all_time = {"rule_effectiveness", "quarantine_reasons", "freshness"}
+    assert {d: len(f) for d, f in date_bound.items()} == dict.fromkeys(set(DATASETS) - all_time, 1)
+    global_page = next(p for p in DASHBOARD["pages"] if p.get("pageType") == "PAGE_TYPE_GLOBAL_FILTERS")
+    assert {item["widget"]["name"] for item in global_page["layout"]} == {"event_date", "rule"}
+
+
+def test_rule_filter_keeps_only_the_picked_rules(masked, expected_alerts):
+    picked = [a for a in expected_alerts if a["rule_id"] in (1, 3)]
+    only = {"rule": [1, 3]}
+    assert [r[0] for r in _run_widget(masked, "total_alerts", only)] == [len(picked)]
+    assert [r[0] for r in _run_widget(masked, "rules_alerting", only)] == [2]
+    assert [r[0] for r in _run_widget(masked, "keys_alerted", only)] == [len({(a["rule_id"], a["group_key"]) for a in picked})]
+    assert {r.rule for r in _run_widget(masked, "alerts_per_hour", only)} == {"rule 1", "rule 3"}
+    assert sorted(r.transaction_id for r in _run_widget(masked, "alert_list", only)) == sorted(a["transaction_id"] for a in picked)
+    assert {r.rule_id for r in _run_widget(masked, "top_keys", only)} == {1, 3}
+    assert sorted(r.rule_id for r in _run_widget(masked, "effectiveness", only)) == [1, 3]
+    assert {r.rule_id for r in _run_widget(masked, "rule_history", only)} == {1, 3}
+
+
+def test_event_date_filter_counts_only_alerts_of_those_days(masked, expected_alerts):
+    day = {"event_date": FIXTURE_DAY}
+    assert [r[0] for r in _run_widget(masked, "total_alerts", day)] == [len(expected_alerts)]
+    assert [r[0] for r in _run_widget(masked, "keys_alerted", day)] == [len({(a["rule_id"], a["group_key"]) for a in expected_alerts})]
+    after = {"event_date": ("2026-11-02", "2026-11-30")}
+    assert [r[0] for r in _run_widget(masked, "total_alerts", after)] == [None]
+    assert [r[0] for r in _run_widget(masked, "keys_alerted", after)] == [0]
+    assert _run_widget(masked, "top_keys", after) == [] and _run_widget(masked, "alert_list", after) == []
+    before = {"event_date": ("2026-10-01", "2026-10-31")}
+    assert _run_widget(masked, "alerts_per_hour", before) == []
+
+
+def test_batch_date_filter_picks_batches_by_when_they_ran(masked, fixture_run):
+    metrics = masked.read.format("delta").load(fixture_run.lakehouse.pipeline_metrics)
+    days = sorted({r[0].isoformat() for r in metrics.selectExpr("CAST(batch_end AS DATE)").collect()})
+    first, last = days[0], days[-1]
+    bronze = masked.read.format("delta").load(fixture_run.lakehouse.bronze_transactions).count()
+    assert [r[0] for r in _run_widget(masked, "rows_ingested", {"batch_date": (first, last)})] == [bronze]
+    assert [r[0] for r in _run_widget(masked, "rows_ingested", {"batch_date": ("2000-01-01", "2000-01-02")})] == [None]
+    gold_batches = metrics.where("layer = 'gold'").count()
+    assert len(_run_widget(masked, "latency_chart", {"batch_date": (first, last)})) == gold_batches
+
+
+def test_keys_dataset_ranks_like_the_view_over_all_dates(masked, fixture_run):
+    # The keys counter and table read a dataset that re-counts alerts_masked per event-date range; with
+    # the default range (every date) it must be the view, row for row, and count keys without a cap.
+    dataset = masked.sql(dataset_sql("top_alerting_keys", {})).collect()
+    assert sorted(dataset) == sorted(masked.sql("SELECT * FROM top_alerting_keys").collect())
+    alerts = masked.read.format("delta").load(fixture_run.lakehouse.alerts)
+    assert [r[0] for r in _run_widget(masked, "keys_alerted")] == [alerts.select("rule_id", "group_key").distinct().count()]
+
+
+def test_freshness_is_the_newest_event_and_the_last_gold_batch(masked, fixture_run):
+    before = datetime.now(timezone.utc).replace(tzinfo=None)
+    (row,) = masked.sql(dataset_sql("freshness", {})).collect()
+    after = datetime.now(timezone.utc).replace(tzinfo=None)
+    silver = masked.read.format("delta").load(fixture_run.lakehouse.silver_transactions)
+    metrics = masked.read.format("delta").load(fixture_run.lakehouse.pipeline_metrics)
+    assert row.newest_event_time == silver.agg({"event_time": "max"}).first()[0]
+    assert row.last_gold_batch_end == metrics.where("layer = 'gold'").agg({"batch_end": "max"}).first()[0]
+    for lag, since in ((row.event_lag_minutes, row.newest_event_time), (row.gold_lag_minutes, row.last_gold_batch_end)):
+        lowest, highest = ((t - since).total_seconds() / 60 for t in (before, after))
+        assert lowest - 0.05 <= float(lag) <= highest + 0.05
+    ((tile,),) = _run_widget(masked, "gold_lag")  # a later query: the lag has grown since
+    assert row.gold_lag_minutes <= tile <= row.gold_lag_minutes + Decimal("0.5")
 
 
 def test_overview_numbers_match_the_fixture_alerts(masked, expected_alerts):
@@ -209,7 +347,11 @@ def test_catalog_statements_reject_unsafe_names(catalog, group, message):
 
 def test_views_answer_empty_on_a_lakehouse_that_has_not_run_yet(spark, tmp_path):
     register_views(spark, Lakehouse(str(tmp_path / "fresh")), viewer_in_pii_group=False)
-    assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0)
+    # freshness always answers one row: with nothing run yet, nothing is fresh (nulls, not an empty tile).
+    assert {name: spark.table(name).count() for name in VIEW_NAMES} == dict.fromkeys(VIEW_NAMES, 0) | {"freshness": 1}
+    assert spark.table("freshness").first().asDict(recursive=True) | {"checked_at": None} == dict.fromkeys(
+        ("newest_event_time", "last_gold_batch_end", "checked_at", "event_lag_minutes", "gold_lag_minutes")
+    )
 
 
 # ---- table and column comments ---------------------------------------------------------------------

@@ -203,8 +203,23 @@ FROM {rule_history}""",
         """
 SELECT
   layer, batch_id, batch_start, batch_end, processing_ms, rows_in, rows_out, quarantined, duplicates,
-  alerts, late_events, keys_touched, state_rows_total, state_bytes_total, active_rules, rules_version
+  alerts, late_events, keys_touched, state_rows_total, state_bytes_total, active_rules, rules_version,
+  -- Every layer reads the rows the one before wrote: only bronze's rows_in are new lines.
+  CASE WHEN layer = 'bronze' THEN rows_in ELSE 0 END AS rows_ingested
 FROM {pipeline_metrics}""",
+    ),
+    View(
+        "freshness",
+        "How current the tables are: newest event time in silver, end of the last gold micro-batch, and how long ago each was (minutes)",
+        """
+SELECT
+  e.newest_event_time,
+  g.last_gold_batch_end,
+  current_timestamp() AS checked_at,
+  round((unix_millis(current_timestamp()) - unix_millis(e.newest_event_time)) / 60000.0, 1) AS event_lag_minutes,
+  round((unix_millis(current_timestamp()) - unix_millis(g.last_gold_batch_end)) / 60000.0, 1) AS gold_lag_minutes
+FROM (SELECT max(event_time) AS newest_event_time FROM {silver_transactions}) e
+CROSS JOIN (SELECT max(batch_end) AS last_gold_batch_end FROM {pipeline_metrics} WHERE layer = 'gold') g""",
     ),
 )
 VIEW_NAMES = tuple(v.name for v in VIEWS)
