@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.report import lines
@@ -70,6 +71,37 @@ def rule_history(spark: SparkSession, rule_id: int) -> DataFrame:
     return (
         spark.table("rule_changes").where(F.col("rule_id") == rule_id)
         .orderBy("commit_version").select("commit_version", "commit_timestamp", "change", "updated_by", "before", "after")
+    )  # fmt: skip
+
+
+# --- silver's quarantine, by reason code ---------------------------------------------------------------
+
+
+def _quarantine_codes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
+    # A line failing several checks carries several codes ("a; b"): it belongs under each of them.
+    return spark.read.format("delta").load(lakehouse.silver_quarantine).withColumn(
+        "code", F.explode(F.split(F.coalesce("reason_code", F.lit("other")), "; "))
+    )
+
+
+def quarantine_by_code(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
+    """Quarantined lines per reason code (``silver.REASON_CODES``), most frequent first.
+
+    A line that failed several checks counts under each of its codes, so the counts can add up to
+    more than the quarantined lines.
+    """
+    return (
+        _quarantine_codes(spark, lakehouse).groupBy(F.col("code").alias("reason_code")).count()
+        .orderBy(F.col("count").desc(), "reason_code")
+    )  # fmt: skip
+
+
+def quarantine_samples(spark: SparkSession, lakehouse: Lakehouse, per_code: int = 2) -> DataFrame:
+    """Up to ``per_code`` quarantined lines for each reason code, the earliest ingested first, with every reason."""
+    first = Window.partitionBy("code").orderBy("ingest_time", "source_file", "value")
+    return (
+        _quarantine_codes(spark, lakehouse).withColumn("n", F.row_number().over(first)).where(F.col("n") <= per_code)
+        .orderBy("code", "n").select(F.col("code").alias("reason_code"), "value", "reason", "source_file")
     )  # fmt: skip
 
 
