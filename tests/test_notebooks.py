@@ -90,7 +90,7 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
     assert f"lakehouse  {root.resolve() / 'lakehouse'}" in _text(setup[1])
 
     setup_text = "".join(map(_text, setup))
-    assert "inserted rule 1" in setup_text.lower() or "rule 1" in setup_text
+    assert "rule 1: added" in setup_text
     assert "ruleId: integer" in setup_text and "Burst: 5 or more payments" in setup_text
     bronze_text = "".join(map(_text, bronze))
     assert "value: string" in bronze_text and "pay-a1" in bronze_text and "day1-a.jsonl" in bronze_text
