@@ -50,7 +50,10 @@ def _run(notebook: Path, widgets: dict[str, str] | None = None) -> list:
     nb = nbformat.read(notebook, as_version=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
     env.update(widget_env(widgets or {}))
-    NotebookClient(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(notebook.parent))
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(notebook.parent))
+    finally:  # kept beside the checkout, so a failing assertion can be read against what the notebook showed
+        nbformat.write(nb, notebook.parent.parent / f"executed-{notebook.name}")
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{notebook.name}: {errors[0].ename}: {errors[0].evalue}"
@@ -124,3 +127,14 @@ def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
     assert _text(gold[3]).startswith(NO_RULES_WARNING)
     assert "no alert to explain" in _text(gold[5])
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
+
+
+@pytest.mark.spark
+def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(tmp_path):
+    root = _checkout(tmp_path)
+    # The one value a user must give: without a duration the streams run until cancelled. No rules file (the default).
+    live = _run(root / "notebooks" / "05_live.ipynb", {"duration": "15"})
+    assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
+    summary = _text(live[-1])
+    assert summary.startswith(NO_RULES_WARNING) and "bronze = silver + quarantined + duplicates: ok" in summary
+    assert (root / "lakehouse" / "bronze" / "transactions" / "_delta_log").is_dir()
