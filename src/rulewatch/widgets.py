@@ -93,8 +93,11 @@ def show(frame: DataFrame, rows: int = 20) -> None:
     if native is not None:
         native(sample)
     elif shell is not None and getattr(shell, "kernel", None) is not None:
+        import pandas as pd
         from IPython.display import display
 
-        display(sample.toPandas())
+        # pandas cuts cells at 50 characters; a raw line or a reason is what the reader came to see.
+        with pd.option_context("display.max_colwidth", None):
+            display(sample.toPandas())
     else:
         sample.show(rows, truncate=False)
