@@ -135,6 +135,7 @@ def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(t
     # The one value a user must give: without a duration the streams run until cancelled. No rules file (the default).
     live = _run(root / "notebooks" / "05_live.ipynb", {"duration": "15"})
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
-    summary = _text(live[-1])
-    assert summary.startswith(NO_RULES_WARNING) and "bronze = silver + quarantined + duplicates: ok" in summary
+    assert "ingest " in _text(live[3]) and "rows/s" in _text(live[3])  # a progress line a second
+    # How far 15 s get depends on the machine; that no rule was evaluated does not.
+    assert _text(live[-1]).startswith(NO_RULES_WARNING)
     assert (root / "lakehouse" / "bronze" / "transactions" / "_delta_log").is_dir()
