@@ -103,7 +103,7 @@ NON_PYTHON_CELLS = {"%sql", "%sh", "%scala", "%r", "%md", "%fs"}
 
 
 def notebook_widgets(path: Path) -> dict[str, bool]:
-    """Widget name -> whether the call gives an explicit default, from every ``widget(...)`` call."""
+    """Widget name -> whether the call gives an explicit default, from every ``widget(...)`` / ``path_widget(...)`` call."""
     nb = nbformat.read(path, as_version=4)
     widgets: dict[str, bool] = {}
     for cell in nb.cells:
@@ -117,7 +117,7 @@ def notebook_widgets(path: Path) -> dict[str, bool]:
                 continue
             func = node.func
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-            if name != "widget":
+            if name not in ("widget", "path_widget"):  # path_widget: a widget whose value is then resolved as a path
                 continue
             assert node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str), (
                 f"{path.name}: widget name must be a string literal so the bundle can be checked: {ast.unparse(node)}"

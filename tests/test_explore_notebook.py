@@ -33,7 +33,7 @@ def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixtu
 
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    overview, alerts, window, history = (_text(c) for c in code[1:])
+    overview, alerts, window, history = (_text(c) for c in code[2:])  # after the import and parameter cells
     assert "Burst: 5 or more payments" in overview and "share_near_limit" in overview
     # Rule 2's only alerting key is payee-C, with four alerts on these transactions.
     assert "rule 2, key payee-C" in alerts

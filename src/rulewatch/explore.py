@@ -1,15 +1,25 @@
-"""Helpers for the explore notebook: one rule or key at a time, read through the dashboard views.
+"""Helpers for the notebooks: one rule or key at a time, and one alert explained.
 
-Call :func:`rulewatch.views.register_views` first; everything here reads those views, so the
-notebook shows the same numbers (and the same masking) as the dashboard and the report.
+The per-rule helpers read the dashboard views: call :func:`rulewatch.views.register_views` first,
+so the notebook shows the same numbers (and the same masking) as the dashboard and the report.
+:func:`explain_alert` reads the tables themselves.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
+from rulewatch.lakehouse import Lakehouse
 from rulewatch.report import lines
+from rulewatch.rules import Aggregator, Rule, parse_rule
+from rulewatch.schema import FIELD_COLUMNS
 
 
 def top_key(spark: SparkSession, rule_id: int) -> str | None:
@@ -62,3 +72,153 @@ def rule_history(spark: SparkSession, rule_id: int) -> DataFrame:
         spark.table("rule_changes").where(F.col("rule_id") == rule_id)
         .orderBy("commit_version").select("commit_version", "commit_timestamp", "change", "updated_by", "before", "after")
     )  # fmt: skip
+
+
+# --- silver's quarantine, by reason code ---------------------------------------------------------------
+
+
+def _quarantine_codes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
+    # A line failing several checks carries several codes ("a; b"): it belongs under each of them.
+    return spark.read.format("delta").load(lakehouse.silver_quarantine).withColumn(
+        "code", F.explode(F.split(F.coalesce("reason_code", F.lit("other")), "; "))
+    )
+
+
+def quarantine_by_code(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
+    """Quarantined lines per reason code (``silver.REASON_CODES``), most frequent first.
+
+    A line that failed several checks counts under each of its codes, so the counts can add up to
+    more than the quarantined lines.
+    """
+    return (
+        _quarantine_codes(spark, lakehouse).groupBy(F.col("code").alias("reason_code")).count()
+        .orderBy(F.col("count").desc(), "reason_code")
+    )  # fmt: skip
+
+
+def quarantine_samples(spark: SparkSession, lakehouse: Lakehouse, per_code: int = 2) -> DataFrame:
+    """Up to ``per_code`` quarantined lines for each reason code, the earliest ingested first, with every reason."""
+    first = Window.partitionBy("code").orderBy("ingest_time", "source_file", "value")
+    return (
+        _quarantine_codes(spark, lakehouse).withColumn("n", F.row_number().over(first)).where(F.col("n") <= per_code)
+        .orderBy("code", "n").select(F.col("code").alias("reason_code"), "value", "reason", "source_file")
+    )  # fmt: skip
+
+
+# --- one alert, explained from the tables -------------------------------------------------------------
+
+
+@dataclass
+class AlertExplanation:
+    """Why an alert fired: the alert row, the rule as it was at that version, and the events in its window.
+
+    ``events`` are the key's silver events that the evaluator had in the window when it decided:
+    event time within ``[window_start, window_end]`` (an event at ``window_end`` counts up to the
+    triggering transaction, ties ordered by transaction id), the rule's filter passed, and bronze
+    ingest no later than the decision. ``recomputed`` is the rule's aggregate over them, a check a
+    reader can make by eye; it can differ from ``alert["aggregate_value"]`` when ``rulewatch rules
+    clear-state`` restarted the rule's windows or an event reached gold only in a later micro-batch.
+    """
+
+    alert: dict[str, Any]
+    rule: dict[str, Any] | None  # the rule JSON at ``alert["rule_version"]``; None if gold/rule_history lacks it
+    rule_change: dict[str, Any] | None  # the rule_history row that made that version: change, commit, who
+    events: DataFrame
+    recomputed: Decimal | None
+
+    def lines(self) -> list[str]:
+        """The explanation as text, for a notebook or a terminal."""
+        a = self.alert
+        field = self.rule.get("aggregateFieldName", "?") if self.rule else "?"
+        out = [
+            f"alert {a['alert_id']}",
+            f"  rule {a['rule_id']} (version {a['rule_version']}): {a['rule_description']}",
+            f"  key {a['group_key']}  ({', '.join(f'{k}={v}' for k, v in sorted(a['key_parts'].items()))})",
+            f"  triggered by {a['transaction_id']} at {a['event_time']:%Y-%m-%d %H:%M:%S} UTC",
+            f"  window {a['window_start']:%Y-%m-%d %H:%M:%S} .. {a['window_end']:%Y-%m-%d %H:%M:%S} UTC (both ends inclusive)",
+            f"  {a['aggregator']}({field}) = {a['aggregate_value'].normalize():f} {a['operator']} limit {a['limit'].normalize():f}"
+            f" over {a['event_count']} event(s)",
+            f"  recomputed from the events below: "
+            + (f"{self.recomputed.normalize():f}" if self.recomputed is not None else "n/a (rule version not in gold/rule_history)"),
+        ]
+        if self.rule_change:
+            c = self.rule_change
+            out.append(f"  that version: {c['change']} at commit {c['commit_version']}, {c['commit_timestamp']:%Y-%m-%d %H:%M:%S} UTC"
+                       f" by {c['updated_by'] or 'unknown'}")  # fmt: skip
+        else:
+            out.append(f"  rule version {a['rule_version']} is not in gold/rule_history yet (`rulewatch rules history` records it)")
+        return out
+
+
+def pick_alert_id(spark: SparkSession, lakehouse: Lakehouse) -> str | None:
+    """The newest alert's id (latest event time; ties: highest rule id, then transaction id), None if there is none."""
+    row = (
+        spark.read.format("delta").load(lakehouse.alerts)
+        .orderBy(F.col("event_time").desc(), F.col("rule_id").desc(), F.col("transaction_id").desc())
+        .select("alert_id").first()
+    )  # fmt: skip
+    return row.alert_id if row else None
+
+
+def _rule_at(spark: SparkSession, lakehouse: Lakehouse, rule_id: int, version: int) -> dict[str, Any] | None:
+    """The rule_history row that produced ``version`` of the rule: its last change at or before that commit."""
+    row = (
+        spark.read.format("delta").load(lakehouse.rule_history)
+        .where((F.col("rule_id") == rule_id) & (F.col("commit_version") <= version) & F.col("after").isNotNull())
+        .orderBy(F.col("commit_version").desc()).first()
+    )  # fmt: skip
+    return row.asDict() if row else None
+
+
+def _column(field: str) -> str:
+    # key_parts and filters name rule fields (payeeId); silver names columns (payee_id).
+    return FIELD_COLUMNS.get(field, field)
+
+
+def _recompute(rule: Rule, events: DataFrame) -> Decimal | None:
+    value = F.col(_column(rule.aggregate_field))
+    aggregate = {
+        Aggregator.SUM: F.sum(value),
+        Aggregator.COUNT: F.count(F.lit(1)),
+        Aggregator.AVG: F.avg(value),
+        Aggregator.MIN: F.min(value),
+        Aggregator.MAX: F.max(value),
+        Aggregator.UNIQUE_COUNT: F.count_distinct(value),
+    }[rule.aggregator]
+    result = events.agg(aggregate.cast("decimal(38,6)")).first()[0]
+    return Decimal(result) if result is not None else None
+
+
+def explain_alert(spark: SparkSession, lakehouse: Lakehouse, alert_id: str | None = None) -> AlertExplanation | None:
+    """Explain ``alert_id`` (default: the newest alert, :func:`pick_alert_id`); None when there is no such alert.
+
+    Reads ``gold/alerts``, ``gold/rule_history`` and ``silver/transactions`` directly (no views):
+    the explanation needs identifiers unmasked to find the key's events.
+    """
+    alert_id = alert_id or pick_alert_id(spark, lakehouse)
+    found = spark.read.format("delta").load(lakehouse.alerts).where(F.col("alert_id") == alert_id).first() if alert_id else None
+    if found is None:
+        return None
+    alert = found.asDict()
+    change = _rule_at(spark, lakehouse, alert["rule_id"], alert["rule_version"])
+    rule_json = json.loads(change["after"]) if change else None
+    rule = parse_rule(rule_json) if rule_json else None
+
+    in_window = (
+        (F.col("event_time") >= F.lit(alert["window_start"])) & (F.col("event_time") <= F.lit(alert["window_end"]))
+        # The evaluator orders ties by transaction id: later ids at the trigger's time came after it.
+        & ((F.col("event_time") < F.lit(alert["window_end"])) | (F.col("transaction_id") <= F.lit(alert["transaction_id"])))
+        & (F.col("ingest_time") <= F.lit(alert["decision_time"]))
+    )
+    for field, value in alert["key_parts"].items():
+        in_window &= F.col(_column(field)) == F.lit(value)
+    for field, value in rule.filter if rule else ():
+        in_window &= F.col(_column(field)).cast("string") == F.lit(value)
+    events = (
+        spark.read.format("delta").load(lakehouse.silver_transactions).where(in_window)
+        .orderBy("event_time", "transaction_id")
+        .select("transaction_id", "event_time", "payee_id", "beneficiary_id", "payment_amount", "payment_type",
+                "user_id", "ip", "action", "source_file", "ingest_time")
+    )  # fmt: skip
+    change_info = {k: change[k] for k in ("change", "commit_version", "commit_timestamp", "updated_by")} if change else None
+    return AlertExplanation(alert, rule_json, change_info, events, _recompute(rule, events) if rule else None)

@@ -23,16 +23,13 @@ from typing import Any, Callable, Literal
 from rulewatch.bundle_config import BundleError, Identity, load_config
 from rulewatch.lakehouse import Lakehouse, exclusive
 from rulewatch.remote import DEFAULT_JOB
-from rulewatch.widgets import widget_env
+from rulewatch.widgets import repository_root, widget_env
 
 Log = Callable[[str], None]
 
 _OTHER_REF = re.compile(r"(?<!\$)\$\{[^}]*\}")
 _DYNAMIC_REF = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _JOB_PARAM = re.compile(r"job\.parameters\.([A-Za-z_][\w-]*)")
-
-# A checkout's own bundle, used when the current directory is not inside one.
-_SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 # A local run stands in for a bundle target: there is no Unity Catalog here, so catalog and schema are
 # empty (the setup task then creates no catalog views) and the lakehouse and landing paths come from the
@@ -109,13 +106,10 @@ class TaskResult:
 
 def find_bundle_root(start: Path | None = None) -> Path:
     """The nearest folder holding ``databricks.yml`` from ``start`` upwards, else this checkout's."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "databricks.yml").is_file():
-            return folder
-    if (_SOURCE_ROOT / "databricks.yml").is_file():
-        return _SOURCE_ROOT
-    raise JobError(f"no databricks.yml in {here} or any parent folder")
+    root = repository_root(start)
+    if root is None:
+        raise JobError(f"no databricks.yml in {(start or Path.cwd()).resolve()} or any parent folder")
+    return root
 
 
 def _text(value: Any) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from rulewatch.jars import fetch_spark_jars
+from rulewatch.widgets import repository_root
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -110,6 +111,11 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)
+    # Spark makes its (unused: tables are addressed by path) warehouse folder in the working directory,
+    # which for a notebook opened by hand is notebooks/; keep it at the repository root, where git ignores it.
+    root = repository_root()
+    if root is not None:
+        builder = builder.config("spark.sql.warehouse.dir", str(root / "spark-warehouse"))
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
     log_config = Path(__file__).with_name("log4j2.properties")
     # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
