@@ -470,7 +470,9 @@ def test_dashboard_file_is_a_consistent_lakeview_definition():
     dashboard = json.loads(file.read_text())
     names = [d["name"] for d in dashboard["datasets"]]
     assert len(names) == len(set(names)) and all(d["queryLines"] for d in dashboard["datasets"])
-    assert [p["displayName"] for p in dashboard["pages"]] == ["Alerts overview", "Operations"]
+    pages = [(p["displayName"], p.get("pageType")) for p in dashboard["pages"]]
+    # Two canvases, and the page whose filters apply to every page (event date, rule).
+    assert pages == [("Alerts overview", "PAGE_TYPE_CANVAS"), ("Operations", "PAGE_TYPE_CANVAS"), ("Filters", "PAGE_TYPE_GLOBAL_FILTERS")]
     for page in dashboard["pages"]:
         widgets = [item["widget"]["name"] for item in page["layout"]]
         assert len(widgets) == len(set(widgets)), f"{page['name']}: duplicate widget names"
