@@ -27,14 +27,17 @@ test: setup setup-spark40 browser
 	$(MAKE) --no-print-directory test-spark40
 
 # The oldest Spark line the supported Databricks Runtimes run (17.3 LTS is Spark 4.0.0; docs/deploy.md):
-# the engine, silver and pipeline tests run there too, in a second venv with the same lock but
+# the Spark-facing tests run there too (SPARK40_TESTS), in a second venv with the same lock but
 # pyspark 4.0.0. 4.0.0 exactly: the runtime's own line, and the newest 4.0 whose Kafka connector
 # jars Maven serves here; delta-spark's Python package (4.4.0, as in the lock) asks for 4.0.1 but its
 # delta-spark_4.0 jars are built for the 4.0 line, hence --no-deps.
 VENV40 := .venv-spark40
 STAMP40 := $(VENV40)/.rulewatch-installed
+# The layers through Spark (silver's checks, gold's alerts against the fixtures' expected ones, the
+# packing of rows for the evaluator) and which state path the Python workers take; the engine's own
+# tests are plain Python and need no second run.
 SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py \
-	tests/test_state_batch.py tests/test_engine_oracle.py tests/test_packing.py
+	tests/test_packing.py tests/test_state_batch.py::test_spark_python_workers_take_the_pipelined_path
 
 setup-spark40: $(STAMP40)
 
