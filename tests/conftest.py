@@ -13,6 +13,16 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
 
+def cell_text(cell) -> str:
+    """Everything an executed notebook code cell showed: printed text, and the HTML or text of displayed tables."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        data = out.get("data", {})
+        parts.append(data.get("text/html", "") or data.get("text/plain", ""))
+    return "".join(parts)
+
+
 @pytest.fixture(scope="session")
 def spark():
     from rulewatch.session import get_spark

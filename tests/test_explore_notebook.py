@@ -8,20 +8,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT
+from conftest import ROOT, cell_text
 from rulewatch.widgets import widget_env
 
 NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
-
-
-def _text(cell) -> str:
-    """Everything a code cell showed: printed text, and the HTML of displayed tables and charts."""
-    parts = []
-    for out in cell.get("outputs", []):
-        parts.append(out.get("text", ""))
-        data = out.get("data", {})
-        parts.append(data.get("text/html", "") or data.get("text/plain", ""))
-    return "".join(parts)
 
 
 @pytest.mark.spark
@@ -33,7 +23,7 @@ def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixtu
 
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    overview, alerts, window, history = (_text(c) for c in code[2:])  # after the import and parameter cells
+    overview, alerts, window, history = (cell_text(c) for c in code[2:])  # after the import and parameter cells
     assert "Burst: 5 or more payments" in overview and "share_near_limit" in overview
     # Rule 2's only alerting key is payee-C, with four alerts on these transactions.
     assert "rule 2, key payee-C" in alerts

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT
+from conftest import ROOT, cell_text
 from rulewatch.pipeline import NO_RULES_WARNING
 from rulewatch.widgets import repository_root, resolve_path, widget_env
 
@@ -23,16 +23,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def _code(path: Path) -> list:
     return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-
-
-def _text(cell) -> str:
-    """Everything a code cell showed: printed text, and the HTML or text of displayed tables."""
-    parts = []
-    for out in cell.get("outputs", []):
-        parts.append(out.get("text", ""))
-        data = out.get("data", {})
-        parts.append(data.get("text/html", "") or data.get("text/plain", ""))
-    return "".join(parts)
 
 
 def _checkout(tmp_path: Path) -> Path:
@@ -90,21 +80,21 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
     # Defaults resolved against the root: the lakehouse sits beside databricks.yml, nothing new beside the notebooks.
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
     assert (root / "lakehouse" / "gold" / "alerts" / "_delta_log").is_dir()
-    assert f"lakehouse  {root.resolve() / 'lakehouse'}" in _text(setup[1])
+    assert f"lakehouse  {root.resolve() / 'lakehouse'}" in cell_text(setup[1])
 
-    setup_text = "".join(map(_text, setup))
+    setup_text = "".join(map(cell_text, setup))
     assert "rule 1: added" in setup_text
     assert "ruleId: integer" in setup_text and "Burst: 5 or more payments" in setup_text
-    bronze_text = "".join(map(_text, bronze))
+    bronze_text = "".join(map(cell_text, bronze))
     assert "value: string" in bronze_text and "pay-a1" in bronze_text and "day1-a.jsonl" in bronze_text
-    silver_text = "".join(map(_text, silver))
+    silver_text = "".join(map(cell_text, silver))
     assert "payment_amount: decimal(18,2)" in silver_text
-    by_code, samples = _text(silver[4]), _text(silver[5])
+    by_code, samples = cell_text(silver[4]), cell_text(silver[5])
     assert "malformed_json" in by_code and "amount_negative" in by_code
     assert "malformed_json" in samples and "negative paymentAmount" in samples
-    assert "pay-a2" in _text(silver[6])  # the repeated transaction, kept out of silver
+    assert "pay-a2" in cell_text(silver[6])  # the repeated transaction, kept out of silver
 
-    summary, alerts, explained = _text(gold[3]), _text(gold[4]), _text(gold[5])
+    summary, alerts, explained = cell_text(gold[3]), cell_text(gold[4]), cell_text(gold[5])
     assert "bronze = silver + quarantined + duplicates: ok" in summary and NO_RULES_WARNING not in summary
     assert "alert_id: string" in alerts and "rule_version: long" in alerts
     assert "window " in explained and "triggered by" in explained and '"ruleId":' in explained
@@ -113,7 +103,7 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
     assert aggregate and recomputed and Decimal(aggregate[1]) == Decimal(recomputed[1]), explained
     assert "transaction_id" in explained and "<table" in explained  # the contributing events, as a table
 
-    assert "Burst: 5 or more payments" in _text(explore[2]) and "rule 1, key payee-A|ben-1" in _text(explore[3])
+    assert "Burst: 5 or more payments" in cell_text(explore[2]) and "rule 1, key payee-A|ben-1" in cell_text(explore[3])
 
 
 @pytest.mark.spark
@@ -124,8 +114,8 @@ def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
     root = _checkout(tmp_path)
     ensure_all_tables(spark, Lakehouse(str(root / "empty")))
     gold = _run(root / "notebooks" / "03_gold.ipynb", {"lakehouse": "empty"})  # relative: the root's empty/
-    assert _text(gold[3]).startswith(NO_RULES_WARNING)
-    assert "no alert to explain" in _text(gold[5])
+    assert cell_text(gold[3]).startswith(NO_RULES_WARNING)
+    assert "no alert to explain" in cell_text(gold[5])
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
 
 
@@ -135,7 +125,7 @@ def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(t
     # The one value a user must give: without a duration the streams run until cancelled. No rules file (the default).
     live = _run(root / "notebooks" / "05_live.ipynb", {"duration": "15"})
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
-    assert "ingest " in _text(live[3]) and "rows/s" in _text(live[3])  # a progress line a second
+    assert "ingest " in cell_text(live[3]) and "rows/s" in cell_text(live[3])  # a progress line a second
     # How far 15 s get depends on the machine; that no rule was evaluated does not.
-    assert _text(live[-1]).startswith(NO_RULES_WARNING)
+    assert cell_text(live[-1]).startswith(NO_RULES_WARNING)
     assert (root / "lakehouse" / "bronze" / "transactions" / "_delta_log").is_dir()
