@@ -381,9 +381,10 @@ def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, tm
 
     monkeypatch.setattr(rules_table, "_current_rules", read_then_another_writer_commits)
     assert main(["rules", "apply", write_rules(tmp_path / "mine.json", MINE), "--lakehouse", lh.root]) == 2
-    assert capsys.readouterr().err == (
+    # Progress lines come first on stderr; the error is the last line.
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"rulewatch: config/rules ({lh.rules}) was changed by another writer while this apply ran; "
-        "nothing of this apply was written; run it again\n"
+        "nothing of this apply was written; run it again"
     )
     assert after_edit and version(spark, lh.rules) == after_edit["version"]
     assert table_rules(spark, lh) == after_edit["rules"]
