@@ -1,24 +1,27 @@
 -- Unity Catalog grants for rulewatch: who can read alerts, who can change rules, what the job may touch.
 --
 -- Run once per workspace as the schema owner (a metastore or catalog admin), e.g. in the SQL editor,
--- after the first `databricks bundle deploy -t prod` (docs/deploy.md). Names are the prod target's
--- (catalog `main`, schema `rulewatch`); replace them, and the four principals, with your own:
+-- after the first `databricks bundle deploy -t prod` and the first run (which creates the tables;
+-- docs/deploy.md). Names are the prod target's (catalog `main`, schema `rulewatch`); replace them,
+-- and the four principals, with your own:
 --   `rulewatch-job`       the service principal the prod job runs as (run_as)
 --   `fraud-engineers`     operate the pipeline; may repair tables and checkpoints
 --   `fraud-rule-editors`  change rules, and nothing else
 --   `fraud-analysts`      read alerts and the dashboard views, never raw events
 --
--- Every rulewatch table is a path-based Delta table inside the `lakehouse` volume, so volume
--- rights are all-or-nothing for the tables in it. Hence:
---   * readers get the views in the schema (SELECT), never the volume: alerts reach them through
---     the views (account identifiers masked in alerts_masked unless they are in the PII group);
---   * rule editors do not write config/rules directly (that needs WRITE VOLUME on the whole
---     lakehouse). They write a rules file into the `rules` volume; the job's setup task validates it
---     and MERGEs it (bundle variable rules_file = /Volumes/main/rulewatch/rules/rules.json), and an
---     invalid file fails the run with every problem listed and nothing written;
---   * only the job and the engineers can write the lakehouse.
--- Views run with their owner's rights on what they read, so they must be created by a principal
--- that can READ VOLUME lakehouse (the job). Check the result with SHOW GRANTS (at the end).
+-- Every rulewatch table is a Unity Catalog managed table in the schema, named <layer>_<table>
+-- (src/rulewatch/lakehouse.py; the bundle variable `tables`), so each is granted on its own:
+--   * analysts get SELECT on each dashboard view by name (src/rulewatch/views.py), never on the
+--     schema, which would open every table (raw events) to them too. Account identifiers reach them
+--     masked in the views unless they are in the PII group (bundle variable pii_viewer_group);
+--   * rule editors change rules with SQL on config_rules (the running stream validates each change
+--     and quarantines a bad rule in config_rule_errors), or by writing a rules file into the `rules`
+--     volume that the setup task applies (bundle variable rules_file);
+--   * the job creates and owns the tables and views; the `lakehouse` volume holds only its checkpoints.
+-- Masking stays in the views rather than as column masks on the tables: a column mask applies to
+-- every reader, the job's own reads of silver included, and masked keys would change its alerts.
+-- Views run with their owner's rights on what they read: the job creates them. Check the result
+-- with SHOW GRANTS (at the end).
 
 CREATE VOLUME IF NOT EXISTS main.rulewatch.rules COMMENT 'Rules files that the rulewatch job validates and applies';
 
@@ -26,7 +29,7 @@ CREATE VOLUME IF NOT EXISTS main.rulewatch.rules COMMENT 'Rules files that the r
 GRANT USE CATALOG ON CATALOG main TO `rulewatch-job`, `fraud-engineers`, `fraud-rule-editors`, `fraud-analysts`;
 GRANT USE SCHEMA ON SCHEMA main.rulewatch TO `rulewatch-job`, `fraud-engineers`, `fraud-rule-editors`, `fraud-analysts`;
 
--- The job: read what lands and the rules file, write every table and checkpoint, (re)create the views.
+-- The job: read what lands and the rules file, create (and so own) every table and view, keep its checkpoints.
 GRANT READ VOLUME ON VOLUME main.rulewatch.landing TO `rulewatch-job`;
 GRANT READ VOLUME ON VOLUME main.rulewatch.rules TO `rulewatch-job`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.lakehouse TO `rulewatch-job`;
@@ -36,18 +39,28 @@ GRANT CREATE TABLE ON SCHEMA main.rulewatch TO `rulewatch-job`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.landing TO `fraud-engineers`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.rules TO `fraud-engineers`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.lakehouse TO `fraud-engineers`;
-GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-engineers`;
+GRANT SELECT, MODIFY ON SCHEMA main.rulewatch TO `fraud-engineers`;
 
--- Rule editors: the rules file, plus the views (rule_changes shows what the job applied).
+-- Rule editors: the rules table and the rules file; what the stream made of their changes.
+GRANT SELECT, MODIFY ON TABLE main.rulewatch.config_rules TO `fraud-rule-editors`;
+GRANT SELECT ON TABLE main.rulewatch.config_rule_errors TO `fraud-rule-editors`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.rules TO `fraud-rule-editors`;
-GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-rule-editors`;
+GRANT SELECT ON VIEW main.rulewatch.rule_changes TO `fraud-rule-editors`;
 
--- Analysts: the views only (SELECT on the schema covers every view in it, freshness included; the
--- schema holds no tables, only views and volumes). No volume rights: no raw events, no writes. Views
--- that read silver/transactions (rule_effectiveness, freshness) return counts and the newest event
--- time, never an event.
-GRANT SELECT ON SCHEMA main.rulewatch TO `fraud-analysts`;
+-- Analysts: the dashboard's views, each by name. Views that read silver_transactions
+-- (rule_effectiveness, freshness) return counts and the newest event time, never an event.
+GRANT SELECT ON VIEW main.rulewatch.alerts_masked TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.key_window_metrics TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.alerts_per_rule_hour TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.top_alerting_keys TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.rule_effectiveness TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.latency_trend TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.quarantine_reasons TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.rule_changes TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.pipeline_batches TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.freshness TO `fraud-analysts`;
 
 SHOW GRANTS ON SCHEMA main.rulewatch;
+SHOW GRANTS ON TABLE main.rulewatch.config_rules;
 SHOW GRANTS ON VOLUME main.rulewatch.lakehouse;
 SHOW GRANTS ON VOLUME main.rulewatch.rules;

@@ -406,6 +406,8 @@ def test_dev_and_prod_resolve_to_separate_catalogs_schemas_volumes_and_checkpoin
         job = config.resolved["resources"]["jobs"]["rulewatch_pipeline"]
         defaults = {p["name"]: p["default"] for p in job["parameters"]}
         assert (defaults["lakehouse"], defaults["landing"]) == (config.variables["lakehouse"], config.variables["landing"])
+        # Managed tables in the target's own schema (Lakehouse.schema), not folders in a shared volume.
+        assert defaults["tables"] == f"{config.variables['catalog']}.{config.variables['schema']}"
         setup = next(t for t in job["tasks"] if t["task_key"] == "setup")["notebook_task"]["base_parameters"]
         assert (setup["catalog"], setup["schema"]) == (config.variables["catalog"], config.variables["schema"])
         dashboard = config.resolved["resources"]["dashboards"]["rulewatch_dashboard"]
@@ -439,6 +441,8 @@ def test_a_target_that_shares_prods_data_is_caught():
     assert any("checkpoints: both targets use /Volumes/main/rulewatch/lakehouse/_checkpoints/" in p for p in problems)
     outside = _config("dev", lakehouse="/Volumes/main/rulewatch/lakehouse")
     assert any("not a volume of the target's own schema" in str(p) for p in isolation_problems({"dev": outside}))
+    into_prods_tables = _config("dev", tables="main.rulewatch")
+    assert any("'main.rulewatch' is not the target's own schema main.rulewatch_dev_alice_smith" in str(p) for p in isolation_problems({"dev": into_prods_tables}))
 
 
 # ---- the dashboard resource ------------------------------------------------------------------------

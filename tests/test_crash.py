@@ -29,7 +29,8 @@ from conftest import FIXTURES, ROOT
 from rulewatch.checkpoints import CheckpointError, check_queries, committed_batches, last_planned_batch
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
-from rulewatch.sinks import CRASH_AT_ENV, append_once, ensure_table
+from rulewatch.sinks import CRASH_AT_ENV, append_once
+from rulewatch.tables import ensure_table
 
 RULES = str(FIXTURES / "rules.json")
 # Columns that record when a row was processed, not what was decided: they differ between any two runs.

@@ -14,7 +14,7 @@ from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import parse_rule
 from rulewatch.rules_table import apply_rules
 from rulewatch.silver import ensure_silver_tables
-from rulewatch.sinks import table_ref
+from rulewatch.tables import table_ref
 
 T0 = datetime(2026, 11, 1, 10, 0, 0)
 RULE = {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",

@@ -279,10 +279,13 @@ def test_anything_else_is_rejected(bad):
 
 def test_alerts_statement_keeps_the_limit_a_parameter():
     sql = alerts_statement("main", "rulewatch")
-    assert "FROM delta.`/Volumes/main/rulewatch/lakehouse/gold/alerts`" in sql
+    assert "FROM `main`.`rulewatch`.`gold_alerts` " in sql  # the bundle's managed table
+    assert "FROM delta.`/Volumes/main/rulewatch/lakehouse/gold/alerts` " in alerts_statement("main", "rulewatch", "lakehouse")
     assert sql.endswith("LIMIT :limit")
     with pytest.raises(ValueError):
         alerts_statement("main; DROP TABLE x", "rulewatch")
+    with pytest.raises(ValueError):
+        alerts_statement("main", "rulewatch", "lake/../house")
 
 
 class FakeStatements:

@@ -23,7 +23,7 @@ from rulewatch.rules_table import (
     rules_to_json_text,
     run_rule_history,
 )
-from rulewatch.sinks import table_ref
+from rulewatch.tables import table_ref
 
 FIXTURE_RULES = json.loads((FIXTURES / "rules.json").read_text())
 INJECTION = "x'); DROP TABLE rules; -- \" `ruleId` = 1 OR 1=1; DELETE FROM delta.`/tmp`"

@@ -371,7 +371,7 @@ def test_every_gold_column_is_described_in_the_table_itself(spark, fixture_run, 
 def test_comments_with_quotes_and_backslashes_survive_table_creation(spark, tmp_path):
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from rulewatch.sinks import ensure_table
+    from rulewatch.tables import ensure_table
 
     text = "it's a \\ path; -- not SQL"
     path = str(tmp_path / "t")

@@ -22,14 +22,13 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.gold import GoldSettings, _events, ensure_gold_tables, evaluated, start_gold
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.rules import parse_rules
 from rulewatch.rules_table import apply_rules
 from rulewatch.silver import ensure_silver_tables
-from rulewatch.sinks import latest_commit
 
 # Amounts are uniform in 1..5,000; with 10k payees over 24 h a limit of 12,500 fires on ~1.6% of
 # events (5,000: ~35%), closer to what fraud rules do. ``--limit`` changes it.
@@ -66,7 +65,7 @@ def generate(spark: SparkSession, lakehouse: Lakehouse, events: int, keys: int, 
             "payment_amount": [f"{a / 100:.2f}" for a in rng.integers(100, 500_000, len(part))],
         })  # fmt: skip
         df = schema.conform(spark.createDataFrame(frame), schema.SILVER)
-        df.coalesce(1).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+        tables.save(df.coalesce(1).write.format("delta").mode("append"), lakehouse.silver_transactions)
 
 
 def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
@@ -146,7 +145,7 @@ def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 m
                 [(f"t{n}", datetime.now(timezone.utc).replace(tzinfo=None), "p1", Decimal("1.00"))],
                 "transaction_id string, event_time timestamp, payee_id string, payment_amount decimal(18,2)",
             )
-            schema.conform(frame, schema.SILVER).write.format("delta").mode("append").save(lakehouse.silver_transactions)
+            tables.save(schema.conform(frame, schema.SILVER).write.format("delta").mode("append"), lakehouse.silver_transactions)
             stop.wait(0.1)
 
     lander = threading.Thread(target=land, daemon=True)
@@ -156,12 +155,12 @@ def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 m
         time.sleep(5)  # let the stream warm up
         for trial in range(trials):
             apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": 0}]))
-            history = latest_commit(spark, lakehouse.rules)
+            history = tables.latest_commit(spark, lakehouse.rules)
             version, committed = history["version"], history["timestamp"]
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 first = (
-                    spark.read.format("delta").load(lakehouse.alerts)
+                    tables.read(spark, lakehouse.alerts)
                     .where(F.col("rule_version") == version)
                     .agg(F.min("decision_time")).first()[0]
                 )  # fmt: skip
@@ -303,7 +302,7 @@ def bench_pipeline(spark: SparkSession, events: int, keys: int, files: int = 10,
         step()
         layers.append(Measurement(name, events, time.monotonic() - started))
     layers.append(Measurement("whole job", events, sum(m.seconds for m in layers)))
-    alerts = spark.read.format("delta").load(lakehouse.alerts).count()
+    alerts = tables.read(spark, lakehouse.alerts).count()
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return PipelineResult(layers, passthrough, alerts)

@@ -354,8 +354,9 @@ def _text_variable(config: BundleConfig, name: str) -> str:
 def isolation_problems(configs: Mapping[str, BundleConfig]) -> list[Problem]:
     """Each target writes only inside its own catalog.schema, and no two targets share a place to write.
 
-    The lakehouse (every table, and the checkpoints under ``<lakehouse>/_checkpoints``) and the landing
-    folder must be volumes of the target's own schema; catalog.schema, both volumes and the checkpoint
+    The lakehouse (the checkpoints under ``<lakehouse>/_checkpoints``, and the tables when ``tables`` is
+    empty) and the landing folder must be volumes of the target's own schema, and ``tables`` (the
+    schema of the managed tables) that schema itself; catalog.schema, both volumes and the checkpoint
     folder must differ between every two targets.
     """
     problems: list[Problem] = []
@@ -370,6 +371,9 @@ def isolation_problems(configs: Mapping[str, BundleConfig]) -> list[Problem]:
         for name, path in (("lakehouse", lakehouse), ("landing", landing)):
             if not path.startswith(home):
                 problems.append(Problem(target, f"variables.{name}", f"{path!r} is not a volume of the target's own schema {catalog}.{schema} ({home}...)"))
+        tables = _text_variable(config, "tables")
+        if tables not in ("", f"{catalog}.{schema}"):
+            problems.append(Problem(target, "variables.tables", f"{tables!r} is not the target's own schema {catalog}.{schema} (or empty)"))
         places[target] = {
             "catalog.schema": f"{catalog}.{schema}",
             "lakehouse volume": lakehouse,

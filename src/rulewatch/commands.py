@@ -18,9 +18,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.lakehouse import Lakehouse
-from rulewatch.sinks import ensure_table
 
 CLEAR_STATE = "clear_state"
 
@@ -41,12 +40,12 @@ class ClearRequest:
 
 
 def ensure_commands_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    ensure_table(spark, lakehouse.rule_commands, schema.RULE_COMMANDS, "Control operations for the running evaluator")
+    tables.ensure_table(spark, lakehouse.rule_commands, schema.RULE_COMMANDS, "Control operations for the running evaluator")
 
 
 def _newest_event_time(spark: SparkSession, lakehouse: Lakehouse) -> datetime | None:
     try:
-        return spark.read.format("delta").load(lakehouse.silver_transactions).agg(F.max("event_time")).first()[0]
+        return tables.read(spark, lakehouse.silver_transactions).agg(F.max("event_time")).first()[0]
     except AnalysisException:  # no silver table yet: nothing has been evaluated
         return None
 
@@ -63,7 +62,7 @@ def request_clear_state(
     The running stream applies it from its next micro-batch; a stopped one when it next starts.
     """
     if rule_id is not None:
-        known = spark.read.format("delta").load(lakehouse.rules).where(F.col("ruleId") == rule_id).count()
+        known = tables.read(spark, lakehouse.rules).where(F.col("ruleId") == rule_id).count()
         if not known:
             raise CommandError(f"no rule {rule_id} in {lakehouse.rules}; `rulewatch rules export` lists the rules")
     if clear_before is None:
@@ -72,15 +71,14 @@ def request_clear_state(
             raise CommandError(f"no events in {lakehouse.silver_transactions} yet, so there is no window state to clear")
     ensure_commands_table(spark, lakehouse)
     row = (str(uuid.uuid4()), CLEAR_STATE, rule_id, clear_before, datetime.now(timezone.utc), requested_by or getpass.getuser())
-    spark.createDataFrame([row], schema.RULE_COMMANDS).write.format("delta").mode("append").save(lakehouse.rule_commands)
+    tables.save(spark.createDataFrame([row], schema.RULE_COMMANDS).write.format("delta").mode("append"), lakehouse.rule_commands)
     return ClearRequest(rule_id, clear_before)
 
 
 def command_stream(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
     """Every command ever requested, then each new one, in the evaluator's column names."""
     return (
-        spark.readStream.format("delta")
-        .load(lakehouse.rule_commands)
+        tables.read_stream(spark.readStream.format("delta"), lakehouse.rule_commands)
         .select(
             "command",
             F.col("rule_id").alias("command_rule_id"),

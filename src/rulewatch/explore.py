@@ -20,6 +20,7 @@ from rulewatch.lakehouse import Lakehouse
 from rulewatch.report import lines
 from rulewatch.rules import Aggregator, Rule, parse_rule
 from rulewatch.schema import FIELD_COLUMNS
+from rulewatch import tables
 
 
 def top_key(spark: SparkSession, rule_id: int) -> str | None:
@@ -79,7 +80,7 @@ def rule_history(spark: SparkSession, rule_id: int) -> DataFrame:
 
 def _quarantine_codes(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
     # A line failing several checks carries several codes ("a; b"): it belongs under each of them.
-    return spark.read.format("delta").load(lakehouse.silver_quarantine).withColumn(
+    return tables.read(spark, lakehouse.silver_quarantine).withColumn(
         "code", F.explode(F.split(F.coalesce("reason_code", F.lit("other")), "; "))
     )
 
@@ -153,7 +154,7 @@ class AlertExplanation:
 def pick_alert_id(spark: SparkSession, lakehouse: Lakehouse) -> str | None:
     """The newest alert's id (latest event time; ties: highest rule id, then transaction id), None if there is none."""
     row = (
-        spark.read.format("delta").load(lakehouse.alerts)
+        tables.read(spark, lakehouse.alerts)
         .orderBy(F.col("event_time").desc(), F.col("rule_id").desc(), F.col("transaction_id").desc())
         .select("alert_id").first()
     )  # fmt: skip
@@ -163,7 +164,7 @@ def pick_alert_id(spark: SparkSession, lakehouse: Lakehouse) -> str | None:
 def _rule_at(spark: SparkSession, lakehouse: Lakehouse, rule_id: int, version: int) -> dict[str, Any] | None:
     """The rule_history row that produced ``version`` of the rule: its last change at or before that commit."""
     row = (
-        spark.read.format("delta").load(lakehouse.rule_history)
+        tables.read(spark, lakehouse.rule_history)
         .where((F.col("rule_id") == rule_id) & (F.col("commit_version") <= version) & F.col("after").isNotNull())
         .orderBy(F.col("commit_version").desc()).first()
     )  # fmt: skip
@@ -196,7 +197,7 @@ def explain_alert(spark: SparkSession, lakehouse: Lakehouse, alert_id: str | Non
     the explanation needs identifiers unmasked to find the key's events.
     """
     alert_id = alert_id or pick_alert_id(spark, lakehouse)
-    found = spark.read.format("delta").load(lakehouse.alerts).where(F.col("alert_id") == alert_id).first() if alert_id else None
+    found = tables.read(spark, lakehouse.alerts).where(F.col("alert_id") == alert_id).first() if alert_id else None
     if found is None:
         return None
     alert = found.asDict()
@@ -215,7 +216,7 @@ def explain_alert(spark: SparkSession, lakehouse: Lakehouse, alert_id: str | Non
     for field, value in rule.filter if rule else ():
         in_window &= F.col(_column(field)).cast("string") == F.lit(value)
     events = (
-        spark.read.format("delta").load(lakehouse.silver_transactions).where(in_window)
+        tables.read(spark, lakehouse.silver_transactions).where(in_window)
         .orderBy("event_time", "transaction_id")
         .select("transaction_id", "event_time", "payee_id", "beneficiary_id", "payment_amount", "payment_type",
                 "user_id", "ip", "action", "source_file", "ingest_time")

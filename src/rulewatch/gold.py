@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.commands import command_stream, ensure_commands_table
 from rulewatch.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.evaluator import RuleProcessor
@@ -27,7 +27,7 @@ from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
 from rulewatch.settings import GoldSettings
-from rulewatch.sinks import crash_point, append_once, batch_column, ensure_table
+from rulewatch.sinks import crash_point, append_once, batch_column
 
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
@@ -35,11 +35,11 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
     reader = spark.readStream.format("delta")
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    silver = reader.load(lakehouse.silver_transactions)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions)
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    fanned = fan_out(watermarked, keysets(spark.read.format("delta").load(lakehouse.rules)), settings.shards)
+    fanned = fan_out(watermarked, keysets(tables.read(spark, lakehouse.rules)), settings.shards)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(
         "shard",
@@ -55,10 +55,9 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
 
 def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
     changes = (
-        spark.readStream.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", 0)
-        .load(lakehouse.rules)
+        tables.read_stream(
+            spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0), lakehouse.rules
+        )
         # Underscore-led names do not survive the trip to pandas; rename them.
         .select(
             *schema.RULE_FIELDS,
@@ -231,10 +230,10 @@ def _state_totals_of(holder: dict) -> StateTotals:
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_rules_table(spark, lakehouse)
     ensure_commands_table(spark, lakehouse)
-    ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
-    ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
-    ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
-    ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
+    tables.ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
+    tables.ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
+    tables.ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
+    tables.ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
     ensure_metrics_table(spark, lakehouse)
 
 

@@ -335,6 +335,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
         defaults = {
             "landing": str(bundle.root / "fixtures" / "transactions"),
             "rules_file": str(bundle.root / "fixtures" / "rules.json"),
+            "tables": "",  # no Unity Catalog here: Delta folders under the lakehouse
         }
         overrides = {k: v for k, v in defaults.items() if k in job.parameters}
         # An empty value stays empty: --rules "" means "leave config/rules as it is".

@@ -1,13 +1,18 @@
-"""Where every table and checkpoint lives.
+"""Where every table and checkpoint lives: the one naming layer.
 
-Locally each table is a Delta table at ``<root>/<layer>/<table>`` so any Delta reader can open it;
-checkpoints sit beside them under ``<root>/_checkpoints``.
+Without a schema (locally) each table is a Delta table at ``<root>/<layer>/<table>`` so any Delta
+reader can open it. With a Unity Catalog schema (``catalog.schema``, on Databricks) each table is a
+managed table ``catalog.schema.<layer>_<table>``, so the catalog grants, masks and traces it; the
+root (a volume) then holds only checkpoints. Either way checkpoints sit under ``<root>/_checkpoints``.
+
+A table reference is therefore a path or a three-level name; ``rulewatch.tables`` reads and writes both.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,17 +23,27 @@ from typing import IO, Iterator
 @dataclass(frozen=True)
 class Lakehouse:
     root: str
+    schema: str = ""  # "catalog.schema": Unity Catalog managed tables there; "": Delta folders under root
 
     def __post_init__(self) -> None:
         if "://" not in self.root:
             object.__setattr__(self, "root", str(Path(self.root).expanduser().resolve()))
+        if self.schema and not _SCHEMA.fullmatch(self.schema):
+            raise ValueError(
+                f"tables schema {self.schema!r} is not catalog.schema (two names of letters, digits, _ or -); "
+                "pass e.g. main.rulewatch, or nothing for Delta folders under the lakehouse"
+            )
 
     def table(self, layer: str, name: str) -> str:
+        if self.schema:
+            return f"{self.schema}.{layer}_{name}"
         return f"{self.root}/{layer}/{name}"
 
-    def name_of(self, path: str) -> str:
-        """``<root>/gold/alerts`` -> ``gold/alerts``: how metrics rows name a table."""
-        return path[len(self.root) + 1 :]
+    def name_of(self, table: str) -> str:
+        """``<root>/gold/alerts`` or ``<catalog>.<schema>.gold_alerts`` -> ``gold/alerts``: how metrics rows name a table."""
+        if is_table_name(table):
+            return table.rsplit(".", 1)[1].replace("_", "/", 1)
+        return table[len(self.root) + 1 :]
 
     def checkpoint(self, query: str) -> str:
         return f"{self.root}/_checkpoints/{query}"
@@ -80,6 +95,14 @@ class Lakehouse:
     @property
     def rule_commands(self) -> str:
         return self.table("config", "rule_commands")
+
+
+_SCHEMA = re.compile(r"[\w-]+\.[\w-]+")
+
+
+def is_table_name(table: str) -> bool:
+    """A catalog name (``catalog.schema.table``) rather than a path: names never hold a slash."""
+    return "/" not in table
 
 
 class LakehouseBusy(RuntimeError):

@@ -27,6 +27,7 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.lakehouse import Lakehouse
+from rulewatch import tables
 
 # A file's modification time may trail the moment it became visible by the file system's
 # timestamp granularity; within this much of the run's start a never-listed file counts as pending.
@@ -100,7 +101,7 @@ def audit(spark: SparkSession, lakehouse: Lakehouse, landing: str, query: str, s
     listed = listed_files(lakehouse.checkpoint(query))
     read = {
         local_path(r.source_file): r
-        for r in spark.read.format("delta").load(lakehouse.bronze_transactions)
+        for r in tables.read(spark, lakehouse.bronze_transactions)
         .groupBy("source_file")
         .agg(F.max("source_file_size").alias("size"), F.unix_millis(F.max("source_file_mtime")).alias("mtime_ms"))
         .collect()

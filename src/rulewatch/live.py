@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch import generate
+from rulewatch import generate, tables
 from rulewatch.bronze import Source, check_source
 from rulewatch.checkpoints import check_queries
 from rulewatch.gold import GoldSettings, start_gold
@@ -38,7 +38,6 @@ from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
 from rulewatch.pipeline import ensure_all_tables
-from rulewatch.sinks import latest_commit
 
 LAYERS = ("ingest", "gold")
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,7 +163,7 @@ class Monitor:
 
     def __post_init__(self) -> None:
         # Alerts of earlier runs on this lakehouse are not news.
-        latest = self.spark.read.format("delta").load(self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
+        latest = tables.read(self.spark, self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
         self._last_gold_batch = -1 if latest is None else latest
 
     def _new_alerts(self) -> list[Alert]:
@@ -177,16 +176,15 @@ class Monitor:
         if done <= self._last_gold_batch:
             return []
         batches = F.col("gold_batch_id").between(self._last_gold_batch + 1, done)
-        read = self.spark.read.format("delta").load
         committed = (
-            read(self.lakehouse.pipeline_metrics)
+            tables.read(self.spark, self.lakehouse.pipeline_metrics)
             .where(F.col("layer") == "gold")
             .select(F.col("batch_id").alias("gold_batch_id"), F.unix_millis("batch_end").alias("committed_ms"))
             .where(batches)
         )
         decided = F.coalesce("committed_ms", F.unix_millis("decision_time"))
         rows = (
-            read(self.lakehouse.alerts)
+            tables.read(self.spark, self.lakehouse.alerts)
             .where(batches)
             .join(committed, "gold_batch_id", "left")
             .select(
@@ -226,7 +224,7 @@ class Monitor:
         return line, new
 
     def _latest_version(self, table: str) -> int:
-        return latest_commit(self.spark, table)["version"]
+        return tables.latest_commit(self.spark, table)["version"]
 
     def caught_up(self, landed_events: int) -> bool:
         """Ingest has read every landed event, and gold every commit of silver.
@@ -378,14 +376,14 @@ def edit_a_rule(spark: SparkSession, lakehouse: Lakehouse) -> RuleChangeTiming |
     description = re.sub(r" ?\[edited live [0-9:]+\]$", "", rule.get("description") or "")
     edited = {**rule, "description": f"{description} [edited live {time.strftime('%H:%M:%S')}]".strip()}
     apply_rules(spark, lakehouse, parse_rules([edited]), updated_by="rulewatch demo")
-    commit = latest_commit(spark, lakehouse.rules)
+    commit = tables.latest_commit(spark, lakehouse.rules)
     return RuleChangeTiming(rule["ruleId"], commit["version"], round(commit["timestamp"].timestamp() * 1000))
 
 
 def first_evaluation(spark: SparkSession, lakehouse: Lakehouse, change: RuleChangeTiming) -> RuleChangeTiming:
     """``change`` with the first gold batch whose evaluator ran with its commit (``rules_version``)."""
     first = (
-        spark.read.format("delta").load(lakehouse.pipeline_metrics)
+        tables.read(spark, lakehouse.pipeline_metrics)
         .where((F.col("layer") == "gold") & (F.col("rules_version") >= change.version))
         .orderBy("batch_id")
         .select("batch_id", F.unix_millis("batch_start").alias("start"), F.unix_millis("batch_end").alias("end"))

@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.schema import PIPELINE_METRICS
-from rulewatch.sinks import append_once, ensure_table
+from rulewatch.sinks import append_once
+from rulewatch.tables import ensure_table
 
 
 def percentile(values: Sequence[int], q: float) -> int | None:

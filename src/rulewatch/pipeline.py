@@ -23,7 +23,7 @@ from rulewatch.landing import LandingReport, audit
 from rulewatch.rules_table import RuleChange, apply_rules_file, run_rule_history
 from rulewatch.schema import BRONZE
 from rulewatch.silver import ensure_silver_tables, start_silver
-from rulewatch.sinks import ensure_table
+from rulewatch import tables
 
 Log = Callable[[str], None]
 
@@ -38,7 +38,7 @@ def _run(query: StreamingQuery, name: str, log: Log) -> None:
 
 def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Every table the job reads or writes, so each stream can start on an empty lakehouse."""
-    ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    tables.ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
     ensure_silver_tables(spark, lakehouse)
     ensure_gold_tables(spark, lakehouse)
 
@@ -49,7 +49,7 @@ def run_bronze(spark: SparkSession, lakehouse: Lakehouse, source: Source, log: L
     Returns the landing report, or None for Kafka: its offsets are in the checkpoint, and records
     lost to retention before they were read stop the query instead of being skipped.
     """
-    ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    tables.ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
     check_queries(lakehouse, "bronze")
     check_source(lakehouse, source)
     started = time.time()
@@ -138,7 +138,7 @@ def summarize(
     spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport | None = None, source: str | None = None
 ) -> Summary:
     def read(path: str):
-        return spark.read.format("delta").load(path)
+        return tables.read(spark, path)
 
     alerts = read(lakehouse.alerts)
     quarantine = read(lakehouse.silver_quarantine)
@@ -190,8 +190,7 @@ def run_all(
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):
     """The ``limit`` alerts with the newest event times, shown oldest first so they read in order."""
     newest = (
-        spark.read.format("delta")
-        .load(lakehouse.alerts)
+        tables.read(spark, lakehouse.alerts)
         .orderBy(F.col("event_time").desc(), F.col("rule_id").desc(), F.col("transaction_id").desc())
         .select("rule_id", "group_key", "transaction_id", "event_time", "aggregate_value", "operator", "limit", "event_count")
         .limit(limit)

@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rulewatch import arguments
+from rulewatch.lakehouse import Lakehouse
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -246,18 +247,24 @@ def validate_identifier(value: str, what: str = "identifier") -> str:
     return value
 
 
-def alerts_statement(catalog: str, schema: str, volume: str = DEFAULT_VOLUME) -> str:
-    """The alerts query over the lakehouse volume's ``gold/alerts`` Delta table; ``:limit`` stays a parameter.
+def alerts_source(catalog: str, schema: str, volume: str = "") -> str:
+    """The alerts table in SQL: the managed table ``catalog.schema.gold_alerts`` (the bundle's default,
+    variable ``tables``), or with ``volume`` the Delta folder ``gold/alerts`` in that volume (``tables`` empty).
 
-    The tables are path-based Delta tables in a Unity Catalog volume, and a path cannot be a
-    parameter marker, so its parts are validated identifiers; every user value is a parameter.
+    A table name cannot be a parameter marker, so its parts are validated identifiers.
     """
-    path = "/Volumes/{}/{}/{}/gold/alerts".format(
-        validate_identifier(catalog, "catalog"), validate_identifier(schema, "schema"), validate_identifier(volume, "volume")
-    )
+    validate_identifier(catalog, "catalog"), validate_identifier(schema, "schema")
+    if volume:
+        folder = Lakehouse("/Volumes/{}/{}/{}".format(catalog, schema, validate_identifier(volume, "volume")))
+        return f"delta.`{folder.alerts}`"
+    return ".".join(f"`{part}`" for part in Lakehouse("/", schema=f"{catalog}.{schema}").alerts.split("."))
+
+
+def alerts_statement(catalog: str, schema: str, volume: str = "") -> str:
+    """The newest-alerts query over :func:`alerts_source`; ``:limit`` stays a parameter, as every user value."""
     return (
         "SELECT rule_id, group_key, transaction_id, event_time, aggregate_value, operator, `limit`, event_count, decision_time "
-        f"FROM delta.`{path}` ORDER BY event_time DESC, alert_id LIMIT :limit"
+        f"FROM {alerts_source(catalog, schema, volume)} ORDER BY event_time DESC, alert_id LIMIT :limit"
     )
 
 
@@ -267,7 +274,7 @@ def latest_alerts(
     schema: str = DEFAULT_SCHEMA,
     limit: int = 20,
     *,
-    volume: str = DEFAULT_VOLUME,
+    volume: str = "",
     profile: str | None = None,
     client: WorkspaceClient | None = None,
     timeout_seconds: float = 120.0,
@@ -354,7 +361,7 @@ def cmd_remote_alerts(args: argparse.Namespace) -> int:
         alerts_statement(args.catalog, args.schema, args.volume)  # reject bad identifiers before any auth
         client = workspace_client(args.profile)
         rows = latest_alerts(args.warehouse_id, args.catalog, args.schema, args.limit, volume=args.volume, client=client)
-        print(f"{len(rows)} newest alerts in /Volumes/{args.catalog}/{args.schema}/{args.volume}/gold/alerts")
+        print(f"{len(rows)} newest alerts in {alerts_source(args.catalog, args.schema, args.volume)}")
         for row in rows:
             print(
                 f"  rule {row.get('rule_id')}  key {row.get('group_key') or '':<22} txn {row.get('transaction_id') or '':<10} "
@@ -403,9 +410,14 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
     alerts = remote_sub.add_parser("alerts", help="the newest alerts, read through a SQL warehouse")
     alerts.add_argument("--warehouse-id", required=True, help="SQL warehouse id (the bundle variable warehouse_id)")
-    alerts.add_argument("--catalog", default=DEFAULT_CATALOG, help=f"catalog of the lakehouse volume (default: {DEFAULT_CATALOG})")
-    alerts.add_argument("--schema", default=DEFAULT_SCHEMA, help=f"schema of the lakehouse volume (default: {DEFAULT_SCHEMA})")
-    alerts.add_argument("--volume", default=DEFAULT_VOLUME, help=f"volume holding the lakehouse (default: {DEFAULT_VOLUME})")
+    alerts.add_argument("--catalog", default=DEFAULT_CATALOG, help=f"catalog of the rulewatch tables (default: {DEFAULT_CATALOG})")
+    alerts.add_argument("--schema", default=DEFAULT_SCHEMA, help=f"schema of the rulewatch tables (default: {DEFAULT_SCHEMA})")
+    alerts.add_argument(
+        "--volume",
+        default="",
+        help="read gold/alerts as a Delta folder in this volume of the schema, for a deploy with the bundle variable tables empty "
+        "(default: the managed table <catalog>.<schema>.gold_alerts)",
+    )
     alerts.add_argument("--limit", type=_positive_int, default=20, help="how many alerts (default: 20)")
     alerts.add_argument("--profile", help="~/.databrickscfg profile (default: DATABRICKS_CONFIG_PROFILE, else the environment or [DEFAULT])")
     alerts.set_defaults(func=arguments.command("rulewatch.remote:cmd_remote_alerts", "remote"))

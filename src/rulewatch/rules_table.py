@@ -22,17 +22,16 @@ from decimal import Decimal, localcontext
 from typing import Any
 
 import delta.exceptions as delta_errors
-from delta.tables import DeltaTable
 from pyspark.errors import SparkRuntimeException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
-from rulewatch.sinks import append_once, ensure_table, table_ref
+from rulewatch.sinks import append_once
 
 # Delta records this session setting in each commit's ``userMetadata``; apply_rules tags its MERGE
 # with it so the history can name who deleted a rule (a delete leaves no post-image to stamp).
@@ -62,7 +61,7 @@ def rule_row(rule: Rule) -> dict[str, Any]:
 
 
 def ensure_rules_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    ensure_table(
+    tables.ensure_table(
         spark,
         lakehouse.rules,
         schema.RULES,
@@ -206,7 +205,7 @@ def _row_json(alias: str) -> str:
 def _current_rules(spark: SparkSession, lakehouse: Lakehouse) -> dict[int, tuple[dict[str, Any], str]]:
     """ruleId -> (the stored row as rule JSON, the row as _merge's guard sees it)."""
     columns = ", ".join(f"t.`{c}`" for c in schema.RULE_FIELDS)
-    rows = spark.sql(f"SELECT {columns}, {_row_json('t')} AS seen FROM {table_ref(lakehouse.rules)} t").collect()
+    rows = spark.sql(f"SELECT {columns}, {_row_json('t')} AS seen FROM {tables.table_ref(lakehouse.rules)} t").collect()
     return {row["ruleId"]: (row_to_rule_json(row.asDict(recursive=True)), row["seen"]) for row in rows}
 
 
@@ -292,7 +291,7 @@ def _merge(spark: SparkSession, lakehouse: Lakehouse, source_rows: list[dict[str
         tagged = False
     try:
         spark.sql(
-            f"MERGE INTO {table_ref(lakehouse.rules)} t USING {view} s ON t.ruleId = s.ruleId "
+            f"MERGE INTO {tables.table_ref(lakehouse.rules)} t USING {view} s ON t.ruleId = s.ruleId "
             f"WHEN MATCHED AND NOT (s._seen <=> {_row_json('t')}) THEN UPDATE SET `updated_by` = {stale} "
             f"WHEN MATCHED AND s._delete THEN DELETE "
             f"WHEN MATCHED AND s._upsert THEN UPDATE SET {assignments} "
@@ -320,7 +319,7 @@ def apply_rules_file(spark: SparkSession, lakehouse: Lakehouse, path: str | os.P
 
 
 def rules_table_exists(spark: SparkSession, lakehouse: Lakehouse) -> bool:
-    return DeltaTable.isDeltaTable(spark, lakehouse.rules)
+    return tables.exists(spark, lakehouse.rules)
 
 
 def export_rules(spark: SparkSession, lakehouse: Lakehouse) -> list[dict[str, Any]]:
@@ -331,7 +330,7 @@ def export_rules(spark: SparkSession, lakehouse: Lakehouse) -> list[dict[str, An
     """
     if not rules_table_exists(spark, lakehouse):
         return []
-    rows = spark.read.format("delta").load(lakehouse.rules).select(*schema.RULE_FIELDS).collect()
+    rows = tables.read(spark, lakehouse.rules).select(*schema.RULE_FIELDS).collect()
     return sorted((row_to_rule_json(row.asDict(recursive=True)) for row in rows), key=lambda r: r["ruleId"])
 
 
@@ -351,7 +350,7 @@ def rules_to_json_text(rules: Iterable[Mapping[str, Any] | Rule]) -> str:
 
 
 def ensure_rule_history_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    ensure_table(
+    tables.ensure_table(
         spark,
         lakehouse.rule_history,
         schema.RULE_HISTORY,
@@ -422,7 +421,7 @@ def _commit_authors(spark: SparkSession, lakehouse: Lakehouse, versions: set[int
     """Who made each commit: Delta's userName where the platform records one (Databricks), else
     the updated_by that apply_rules tagged the commit with."""
     history = (
-        spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)}")
+        spark.sql(f"DESCRIBE HISTORY {tables.table_ref(lakehouse.rules)}")
         .where(F.col("version").isin(sorted(versions)))
         .select("version", "userName", "userMetadata")
         .collect()
@@ -452,13 +451,9 @@ def start_rule_history(
     """Stream the rules table's change data feed (from version 0) into ``gold/rule_history``."""
     ensure_rules_table(spark, lakehouse)
     ensure_rule_history_table(spark, lakehouse)
-    changes = (
-        spark.readStream.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", 0)
-        .load(lakehouse.rules)
-        .select(*schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp")
-    )
+    changes = tables.read_stream(
+        spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0), lakehouse.rules
+    ).select(*schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp")
     writer = (
         changes.writeStream.queryName(HISTORY_QUERY)
         .option("checkpointLocation", lakehouse.checkpoint("rule_history"))
@@ -479,8 +474,7 @@ def run_rule_history(spark: SparkSession, lakehouse: Lakehouse) -> None:
 def latest_rule_history(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20) -> list[Row]:
     """The last ``limit`` changes, oldest first."""
     newest_first = (
-        spark.read.format("delta")
-        .load(lakehouse.rule_history)
+        tables.read(spark, lakehouse.rule_history)
         .orderBy(F.desc("commit_version"), F.desc("rule_id"), F.desc("change"))
         .limit(limit)
         .collect()

@@ -16,12 +16,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, record
 from rulewatch.rules import parse_duration
 from rulewatch.settings import FUTURE_TOLERANCE_ENV, future_tolerance
-from rulewatch.sinks import append_once, batch_column, ensure_table
+from rulewatch.sinks import append_once, batch_column
 
 MAX_AMOUNT = 10**12
 WHITESPACE = " \t\r\n"  # JSON's whitespace
@@ -294,8 +294,7 @@ def _earlier_times(
     horizon = F.expr(f"INTERVAL {horizon_ms} MILLISECONDS")
     low, high = event_range
     return (
-        spark.read.format("delta")
-        .load(lakehouse.silver_transactions)
+        tables.read(spark, lakehouse.silver_transactions)
         .where(F.col("silver_batch_id") < batch_id)
         .where(F.col("event_time").between(F.lit(low) - horizon, F.lit(high) + horizon))
         .groupBy("transaction_id")
@@ -391,9 +390,9 @@ def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_metrics_table(spark, lakehouse)
-    ensure_table(spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions")
-    ensure_table(spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons")
-    ensure_table(spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)")
+    tables.ensure_table(spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions")
+    tables.ensure_table(spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons")
+    tables.ensure_table(spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)")
 
 
 def start_silver(
@@ -401,8 +400,7 @@ def start_silver(
 ) -> StreamingQuery:
     ensure_silver_tables(spark, lakehouse)
     writer = (
-        spark.readStream.format("delta")
-        .load(lakehouse.bronze_transactions)
+        tables.read_stream(spark.readStream.format("delta"), lakehouse.bronze_transactions)
         .writeStream.queryName("rulewatch_silver")
         .option("checkpointLocation", lakehouse.checkpoint("silver"))
         .foreachBatch(lambda df, batch_id: process_batch(df, batch_id, lakehouse))

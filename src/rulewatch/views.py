@@ -24,10 +24,9 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from rulewatch import schema
+from rulewatch import schema, tables
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.session import is_databricks
-from rulewatch.sinks import table_ref
 
 # Rule fields that identify an account or a person; their values are masked for non-members.
 ACCOUNT_FIELDS = ("payeeId", "beneficiaryId", "userId", "ip")
@@ -257,13 +256,13 @@ def register_views(spark: SparkSession, lakehouse: Lakehouse, viewer_in_pii_grou
         spark.sql(f"CREATE OR REPLACE TEMP VIEW {view.name} AS {render(view, sources, str(viewer_in_pii_group).upper())}")
 
 
-def _read_or_empty(spark: SparkSession, path: str, table_schema: StructType) -> DataFrame:
-    """The Delta table at ``path`` conformed to ``table_schema``; an empty one if nothing is there yet."""
+def _read_or_empty(spark: SparkSession, table: str, table_schema: StructType) -> DataFrame:
+    """``table`` conformed to ``table_schema``; an empty one if nothing is there yet."""
     try:
-        frame = spark.read.format("delta").load(path)
+        frame = tables.read(spark, table)
         frame.columns  # analysis is lazy under Spark Connect: fail here, not in the first query
     except AnalysisException as err:
-        if err.getCondition() not in ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND"):
+        if err.getCondition() not in ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "TABLE_OR_VIEW_NOT_FOUND"):
             raise
         return spark.createDataFrame([], table_schema)
     return schema.conform(frame, table_schema)
@@ -283,7 +282,7 @@ def catalog_view_statements(catalog: str, schema_name: str, lakehouse: Lakehouse
             "set the bundle variable pii_viewer_group"
         )
     qualified = {name: f"`{catalog}`.`{schema_name}`.`{name}`" for name in VIEW_NAMES}
-    sources = {name: table_ref(lakehouse.table(layer, table)) for name, (layer, table, _) in SOURCES.items()} | qualified
+    sources = {name: tables.table_ref(lakehouse.table(layer, table)) for name, (layer, table, _) in SOURCES.items()} | qualified
     member = f"is_account_group_member('{pii_group}')"
     return [
         f"CREATE OR REPLACE VIEW {qualified[v.name]} COMMENT '{v.comment}' AS {render(v, sources, member)}" for v in VIEWS

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.kafka.client import KafkaTopic, spark_options
+from rulewatch import tables
 
 # Spark's JSON default keeps milliseconds; decision_time has microseconds, and the record must equal the row.
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
@@ -33,7 +34,7 @@ def records(alerts: DataFrame) -> DataFrame:
 
 def committed(spark: SparkSession, alerts_table: str, batch_id: int) -> DataFrame:
     """The rows gold batch ``batch_id`` committed to the alerts table at ``alerts_table``."""
-    return spark.read.format("delta").load(alerts_table).where(F.col("gold_batch_id") == batch_id)
+    return tables.read(spark, alerts_table).where(F.col("gold_batch_id") == batch_id)
 
 
 def publish(alerts: DataFrame, topic: KafkaTopic) -> None:
