@@ -7,8 +7,10 @@ The CLI cannot run here, so its checks are redone in two parts:
   keywords use ``\\p{L}``-style classes that Python's ``re`` lacks, so patterns run on the ``regex`` package.
 - ``rule_problems``: rules the CLI enforces in code, which a schema cannot express (production mode
   needs ``run_as`` or a service principal, a dashboard needs a warehouse, a task's notebook must exist,
-  ...), plus this project's own: ``isolation_problems`` proves that no two targets share a catalog and
-  schema, a volume or a checkpoint folder.
+  ...), plus this project's own: job clusters run a runtime the gold layer works on, with
+  ``compute=serverless`` no task keeps a cluster and each gets the wheel from its job environment, and
+  ``isolation_problems`` proves that no two targets share a catalog and schema, a volume or a checkpoint
+  folder.
 
 ``check_bundle`` runs all of them for every target.
 """

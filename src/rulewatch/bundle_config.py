@@ -14,6 +14,8 @@ local job runner and the bundle checks see the configuration a deploy would see:
   target ``default`` replaces a root ``lookup`` (and the other way round);
 - a variable's value: ``--var`` > ``BUNDLE_VAR_<name>`` > default (target, then root) > ``lookup``;
   a ``lookup`` (a warehouse by name, ...) needs the workspace, so it stays unresolved here;
+- ``python.mutators`` (``databricks-bundles`` job mutators such as the bundle's compute switch): run on
+  every job once the variables have values, before the resources' references are resolved;
 - references: ``${var.NAME}`` (``${variables.NAME.value}``), ``${bundle.*}``, ``${workspace.*}``.
   A string that is exactly one reference takes the referenced value with its type (a list stays a
   list); inside longer text the value is formatted in. Variables may reference other variables;
