@@ -28,6 +28,8 @@ What needs the workspace (``${workspace.current_user.*}`` without an :class:`Ide
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -362,9 +364,6 @@ def _load_mutator(root: Path, name: str) -> Any:
     """The ``module:function`` of a ``python.mutators`` entry, imported as the CLI imports it (with the bundle
     root as working directory). A module file inside the bundle is loaded from this root's own copy, never
     from ``sys.modules``: two copies of one bundle (as the tests make) must not share a mutator."""
-    import importlib
-    import importlib.util
-
     where = f"{root / 'databricks.yml'}: python.mutators"
     module_name, _, function = name.partition(":")
     if not (module_name and function):
