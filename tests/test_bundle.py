@@ -28,7 +28,7 @@ from rulewatch.bundle_check import (
     schema_problems,
 )
 from rulewatch.bundle_config import BundleError, Identity, load_config, target_names
-from rulewatch.jobs import JobSpec, load_bundle, task_order
+from rulewatch.jobs import JobError, JobSpec, load_bundle, task_order
 from rulewatch.lakehouse import Lakehouse
 
 BUNDLE = load_bundle(ROOT)
@@ -327,6 +327,93 @@ def test_each_file_as_written_matches_the_cli_schema(schema_text):
 
 def test_the_whole_bundle_passes_every_offline_check(schema_text):
     assert [str(p) for p in check_bundle(ROOT, schema_text, variables=TARGET_VARS, identities=DEPLOYERS, environ={})] == []
+
+
+# ---- compute=serverless: the same jobs, moved off their cluster by resources/compute.py ---------------------
+
+SERVERLESS_VARS = {target: {**TARGET_VARS.get(target, {}), "compute": "serverless"} for target in TARGETS}
+# What the switch takes off a task, and what it puts on one: nothing else may differ between the two computes.
+CLUSTER_ONLY_TASK_KEYS = {"job_cluster_key", "libraries"}
+
+
+def _without(job: dict, job_keys: set[str], task_keys: set[str]) -> dict:
+    return {**{k: v for k, v in job.items() if k not in job_keys}, "tasks": [{k: v for k, v in t.items() if k not in task_keys} for t in job["tasks"]]}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_targets_serverless_configuration_matches_the_cli_schema(schema_text, target):
+    config = _config(target, compute="serverless")
+    assert config.variables["compute"] == "serverless"
+    assert schema_problems(config.document, schema_text) == []
+    assert schema_problems(config.resolved, schema_text) == []
+
+
+def test_the_whole_serverless_bundle_passes_every_offline_check(schema_text):
+    assert [str(p) for p in check_bundle(ROOT, schema_text, variables=SERVERLESS_VARS, identities=DEPLOYERS, environ={})] == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("job_key", JOBS)
+def test_serverless_jobs_have_no_cluster_and_every_task_gets_the_wheel_from_one_environment(target, job_key):
+    job = _config(target, compute="serverless").document["resources"]["jobs"][job_key]
+    assert "job_clusters" not in job
+    (environment,) = job["environments"]
+    # Environment 4: Python 3.12 and Databricks Connect 17, the Spark 4 line of the clusters' 17.3 floor.
+    assert environment == {"environment_key": "rulewatch", "spec": {"environment_version": "4", "dependencies": ["../dist/*.whl"]}}
+    for task in job["tasks"]:
+        assert task["environment_key"] == "rulewatch", task["task_key"]
+        assert not CLUSTER_ONLY_TASK_KEYS & set(task), task["task_key"]
+    # Everything else (tasks, parameters, schedule, retries, health) is the cluster job's.
+    cluster = _config(target).document["resources"]["jobs"][job_key]
+    assert _without(job, {"environments"}, {"environment_key"}) == _without(cluster, {"job_clusters"}, CLUSTER_ONLY_TASK_KEYS)
+
+
+def test_cluster_is_the_default_compute_and_leaves_the_jobs_as_written():
+    for target in TARGETS:
+        assert _config(target).document["resources"]["jobs"] == _config(target, compute="cluster").document["resources"]["jobs"]
+    for job_key in JOBS:
+        assert BUNDLE.jobs[job_key].definition == yaml.safe_load(BUNDLE.jobs[job_key].source.read_text())["resources"]["jobs"][job_key]
+
+
+@pytest.mark.parametrize("compute", ["cluster", "serverless"])
+def test_the_local_runner_runs_the_same_task_graph_whatever_the_compute(compute):
+    # `rulewatch job run` runs every notebook here; the compute only decides where a deploy runs them.
+    local = load_bundle(ROOT, {"compute": compute})
+    assert local.variables["compute"] == compute
+    for job_key in JOBS:
+        assert local.jobs[job_key].tasks == BUNDLE.jobs[job_key].tasks
+        assert local.jobs[job_key].parameters == BUNDLE.jobs[job_key].parameters
+
+
+def test_an_unknown_compute_is_refused_naming_the_values(schema_text):
+    problems = [str(p) for p in check_bundle(ROOT, schema_text, variables={t: {**v, "compute": "gpu"} for t, v in SERVERLESS_VARS.items()}, identities=DEPLOYERS, environ={})]
+    for target in TARGETS:
+        assert any(
+            p.startswith(f"[{target}] configuration:") and "python mutator resources.compute:choose_compute" in p
+            and "variable compute is 'gpu'; set it to one of cluster, serverless (e.g. --var compute=serverless)" in p
+            for p in problems
+        ), problems  # fmt: skip
+    with pytest.raises(JobError, match="variable compute is 'gpu'"):
+        load_bundle(ROOT, {"compute": "gpu"})
+
+
+def test_serverless_without_the_mutator_is_caught(schema_text, tmp_path):
+    # The YAML alone keeps every cluster key: dropping the mutator from databricks.yml must not deploy
+    # a "serverless" job that still asks for its cluster.
+    root = _copy_bundle(tmp_path)
+    text = (root / "databricks.yml").read_text()
+    unmutated = text.replace("python:\n  mutators:\n    - resources.compute:choose_compute\n", "")
+    assert unmutated != text
+    (root / "databricks.yml").write_text(unmutated)
+    assert [str(p) for p in check_bundle(root, schema_text, variables=TARGET_VARS, identities=DEPLOYERS, environ={})] == []
+    problems = [str(p) for p in check_bundle(root, schema_text, variables=SERVERLESS_VARS, identities=DEPLOYERS, environ={})]
+    for target in TARGETS:
+        for job_key in JOBS:
+            mine = [p for p in problems if p.startswith(f"[{target}]") and f"resources.jobs.{job_key}" in p]
+            assert any("has job_clusters with compute=serverless" in p for p in mine), mine
+            for task in BUNDLE.jobs[job_key].tasks:
+                for expected in ("has job_cluster_key with compute=serverless", "has libraries with compute=serverless", "has no environment_key"):
+                    assert any(f".tasks[{task.key}]: {expected}" in p and "resources.compute:choose_compute" in p for p in mine), (expected, mine)
 
 
 def _copy_bundle(tmp_path: Path) -> Path:

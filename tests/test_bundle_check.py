@@ -274,3 +274,86 @@ def test_job_run_reports_a_broken_bundle_in_one_line_with_exit_2(tmp_path, monke
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "resources.jobs.j.description: unknown variable ${var.typo}" in err and "Traceback" not in err
     assert not (tmp_path / "lh").exists()  # nothing ran
+
+
+# ---- python.mutators and compute=serverless ------------------------------------------------------------------
+
+# A job mutator in the tiny bundle's resources/ (as resources/compute.py is in the real one); {body} is its return.
+MUTATOR = """
+from dataclasses import replace
+from databricks.bundles.core import Bundle, job_mutator
+from databricks.bundles.jobs import Job
+
+
+@job_mutator
+def mutate(bundle: Bundle, job: Job) -> Job:
+    return {body}
+"""
+
+
+def _with_mutator(root: Path, body: str, entry: str = "resources.tweak:mutate", **document: Any) -> Path:
+    write_bundle(root, {"python": {"mutators": [entry]}, "variables": {"suffix": {"default": "x"}}, "targets": {"dev": {}}, **document}, {"jobs": {"j": _job()}})
+    (root / "resources" / "tweak.py").write_text(MUTATOR.format(body=body))
+    return root
+
+
+def test_mutators_rewrite_the_jobs_with_the_variables_before_references_resolve(tmp_path):
+    root = _with_mutator(tmp_path, 'replace(job, description=f"{bundle.target}:{bundle.variables[\'suffix\']} ${{bundle.name}}")')
+    config = load_config(root, "dev", {"suffix": "flag"}, environ={})
+    assert config.document["resources"]["jobs"]["j"]["description"] == "dev:flag ${bundle.name}"
+    assert config.resolved["resources"]["jobs"]["j"]["description"] == "dev:flag tiny"
+    # Each bundle root runs its own copy of a module, even under the same module name.
+    other = _with_mutator(tmp_path / "other", 'replace(job, description="other")')
+    assert load_config(other, "dev", environ={}).document["resources"]["jobs"]["j"]["description"] == "other"
+    assert load_config(root, "dev", environ={}).document["resources"]["jobs"]["j"]["description"] == "dev:x ${bundle.name}"
+
+
+@pytest.mark.parametrize(
+    ("entry", "body", "message"),
+    [
+        ("resources.tweak", "job", r"'resources.tweak' is not module:function"),
+        ("no_such_module:mutate", "job", r"cannot import no_such_module for no_such_module:mutate .*neither a file in .* nor installed"),
+        ("resources.tweak:other", "job", r"resources.tweak has no other \(listed as resources.tweak:other\)"),
+        ("resources.tweak:replace", "job", r"resources.tweak:replace is not a @job_mutator"),
+        ("resources.tweak:mutate", "job.nope", r"resources/main.yml: resources.jobs.j: python mutator resources.tweak:mutate: .*nope"),
+    ],
+)
+def test_a_broken_mutator_is_refused_naming_the_entry(tmp_path, entry, body, message):
+    root = _with_mutator(tmp_path, body, entry)
+    with pytest.raises(BundleError, match=message):
+        load_config(root, "dev", environ={})
+
+
+def _serverless_job(**task: Any) -> dict[str, Any]:
+    environment = {"environment_key": "e", "spec": {"environment_version": "4", "dependencies": ["../dist/*.whl"]}}
+    return {"name": "tiny", "environments": [environment], "tasks": [{"task_key": "a", "environment_key": "e", "notebook_task": {"notebook_path": "../notebooks/nb.ipynb"}, **task}]}
+
+
+def _serverless_bundle(root: Path, job: dict[str, Any]) -> Path:
+    return write_bundle(root, {"variables": {"compute": {"default": "serverless"}}, "targets": {"dev": {}}, "artifacts": {"w": {"type": "whl", "path": "."}}}, {"jobs": {"j": job}})
+
+
+def test_a_well_formed_serverless_job_passes_and_cluster_rules_do_not_apply(tmp_path):
+    assert _problems(_serverless_bundle(tmp_path, _serverless_job()), "dev", ALICE) == []
+    # The same job under compute=cluster is not judged by the serverless rules (nor the other way round).
+    assert _problems(_serverless_bundle(tmp_path, _job()), "dev", ALICE, compute="cluster") == []
+
+
+def test_a_serverless_task_that_keeps_a_cluster_or_misses_the_wheel_is_caught(tmp_path):
+    job = _serverless_job(
+        new_cluster={"spark_version": "17.3.x-scala2.13", "spark_conf": {"spark.sql.session.timeZone": "UTC"}},
+        libraries=[{"whl": "../dist/*.whl"}],
+    )
+    job["tasks"].append({"task_key": "b", "notebook_task": {"notebook_path": "../notebooks/nb.ipynb"}})
+    job["environments"].append({"environment_key": "bare", "spec": {"environment_version": "4", "dependencies": ["pandas<3", "../gone/*.whl"]}})
+    job["tasks"].append({"task_key": "c", "environment_key": "bare", "notebook_task": {"notebook_path": "../notebooks/nb.ipynb"}})
+    messages = _problems(_serverless_bundle(tmp_path, job), "dev", ALICE)
+    fix = "--var compute=serverless relies on the resources.compute:choose_compute mutator under python.mutators in databricks.yml"
+    assert sorted(messages) == sorted([
+        f"has new_cluster with compute=serverless, where a task runs on no cluster; {fix}",
+        f"has libraries with compute=serverless, where a task runs on no cluster; {fix}",
+        f"has no environment_key with compute=serverless, so the rulewatch wheel never reaches its notebook; {fix}",
+        "library ../gone/*.whl is neither built by a whl artifact nor present",
+    ])  # fmt: skip
+    job["environments"][1]["spec"]["dependencies"] = ["pandas<3"]
+    assert "environment bare lists no wheel (.whl) in spec.dependencies; the notebooks import rulewatch from it" in _problems(_serverless_bundle(tmp_path, job), "dev", ALICE)

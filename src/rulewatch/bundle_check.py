@@ -7,8 +7,10 @@ The CLI cannot run here, so its checks are redone in two parts:
   keywords use ``\\p{L}``-style classes that Python's ``re`` lacks, so patterns run on the ``regex`` package.
 - ``rule_problems``: rules the CLI enforces in code, which a schema cannot express (production mode
   needs ``run_as`` or a service principal, a dashboard needs a warehouse, a task's notebook must exist,
-  ...), plus this project's own: ``isolation_problems`` proves that no two targets share a catalog and
-  schema, a volume or a checkpoint folder.
+  ...), plus this project's own: job clusters run a runtime the gold layer works on, with
+  ``compute=serverless`` no task keeps a cluster and each gets the wheel from its job environment, and
+  ``isolation_problems`` proves that no two targets share a catalog and schema, a volume or a checkpoint
+  folder.
 
 ``check_bundle`` runs all of them for every target.
 """
@@ -276,10 +278,58 @@ def _job_problems(config: BundleConfig) -> list[Problem]:
                         problems.append(Problem(config.target, here, f"{kind}.{field_name} {path} does not exist (relative to {source.name})"))
             for library in task.get("libraries") or []:
                 wheel = library.get("whl") if isinstance(library, dict) else None
-                if isinstance(wheel, str) and not wheel.startswith("/"):
-                    folder = (source.parent / wheel).parent.resolve()
-                    if not (folder in wheel_dirs or any((source.parent / wheel).parent.glob(Path(wheel).name))):
-                        problems.append(Problem(config.target, here, f"library {wheel} is neither built by a whl artifact nor present"))
+                if isinstance(wheel, str):
+                    problems += _local_library_problems(config.target, here, source, wheel, wheel_dirs)
+        for environment in job.get("environments") or []:
+            here = f"{where}.environments[{environment.get('environment_key')}]"
+            for dependency in (environment.get("spec") or {}).get("dependencies") or []:
+                # A pip requirement ("pandas==2.2") is the environment's business; a relative path is a file of ours.
+                if isinstance(dependency, str) and dependency.startswith(("./", "../")):
+                    problems += _local_library_problems(config.target, here, source, dependency, wheel_dirs)
+        if config.variables.get("compute") == "serverless":
+            problems += _serverless_problems(config.target, where, job)
+    return problems
+
+
+def _local_library_problems(target: str, where: str, source: Path, library: str, wheel_dirs: set[Path]) -> list[Problem]:
+    """A library path relative to ``source`` that no whl artifact builds and no file matches."""
+    if library.startswith("/"):
+        return []
+    folder = (source.parent / library).parent
+    if folder.resolve() in wheel_dirs or any(folder.glob(Path(library).name)):
+        return []
+    return [Problem(target, where, f"library {library} is neither built by a whl artifact nor present")]
+
+
+# What a serverless task cannot carry: it runs on no cluster of the job's, so it has no cluster, no
+# cluster libraries and no spark_conf (which only a cluster spec holds).
+_CLUSTER_TASK_KEYS = ("job_cluster_key", "new_cluster", "existing_cluster_id", "libraries")
+_COMPUTE_FIX = "--var compute=serverless relies on the resources.compute:choose_compute mutator under python.mutators in databricks.yml"
+
+
+def _serverless_problems(target: str, where: str, job: Mapping[str, Any]) -> list[Problem]:
+    """A job that ``compute=serverless`` left on a cluster, or whose tasks cannot reach the wheel.
+
+    The notebooks import rulewatch, and on serverless the wheel reaches them only as a dependency of the
+    job environment each task names; the job cluster's runtime pin has nothing to apply to there.
+    """
+    problems = []
+    if job.get("job_clusters"):
+        problems.append(Problem(target, where, f"has job_clusters with compute=serverless; {_COMPUTE_FIX}"))
+    wheels = {
+        e.get("environment_key"): [d for d in (e.get("spec") or {}).get("dependencies") or [] if isinstance(d, str) and d.endswith(".whl")]
+        for e in job.get("environments") or []
+    }
+    for task in job.get("tasks") or []:
+        here = f"{where}.tasks[{task.get('task_key')}]"
+        for key in _CLUSTER_TASK_KEYS:
+            if task.get(key):
+                problems.append(Problem(target, here, f"has {key} with compute=serverless, where a task runs on no cluster; {_COMPUTE_FIX}"))
+        key = task.get("environment_key")
+        if not key:
+            problems.append(Problem(target, here, f"has no environment_key with compute=serverless, so the rulewatch wheel never reaches its notebook; {_COMPUTE_FIX}"))
+        elif key in wheels and not wheels[key]:
+            problems.append(Problem(target, here, f"environment {key} lists no wheel (.whl) in spec.dependencies; the notebooks import rulewatch from it"))
     return problems
 
 

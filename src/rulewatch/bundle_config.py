@@ -14,6 +14,8 @@ local job runner and the bundle checks see the configuration a deploy would see:
   target ``default`` replaces a root ``lookup`` (and the other way round);
 - a variable's value: ``--var`` > ``BUNDLE_VAR_<name>`` > default (target, then root) > ``lookup``;
   a ``lookup`` (a warehouse by name, ...) needs the workspace, so it stays unresolved here;
+- ``python.mutators`` (``databricks-bundles`` job mutators such as the bundle's compute switch): run on
+  every job once the variables have values, before the resources' references are resolved;
 - references: ``${var.NAME}`` (``${variables.NAME.value}``), ``${bundle.*}``, ``${workspace.*}``.
   A string that is exactly one reference takes the referenced value with its type (a list stays a
   list); inside longer text the value is formatted in. Variables may reference other variables;
@@ -26,6 +28,9 @@ What needs the workspace (``${workspace.current_user.*}`` without an :class:`Ide
 from __future__ import annotations
 
 import copy
+import importlib
+import importlib.util
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -355,6 +360,67 @@ def _variable_values(
     return values, unset
 
 
+def _load_mutator(root: Path, name: str) -> Any:
+    """The ``module:function`` of a ``python.mutators`` entry, imported as the CLI imports it (with the bundle
+    root as working directory). A module file inside the bundle is loaded from this root's own copy, never
+    from ``sys.modules``: two copies of one bundle (as the tests make) must not share a mutator."""
+    where = f"{root / 'databricks.yml'}: python.mutators"
+    module_name, _, function = name.partition(":")
+    if not (module_name and function):
+        raise BundleError(f"{where}: {name!r} is not module:function (e.g. resources.compute:choose_compute)")
+    path = root.joinpath(*module_name.split(".")).with_suffix(".py")
+    try:
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise BundleError(f"{where}: cannot import {module_name} for {name} ({err}); it is neither a file in {root} nor installed") from err
+    if not hasattr(module, function):
+        raise BundleError(f"{where}: {module_name} has no {function} (listed as {name})")
+    return getattr(module, function)
+
+
+def _apply_job_mutators(
+    root: Path, document: dict[str, Any], target: str | None, variables: Mapping[str, Any], locate: Callable[[tuple[str | int, ...]], str]
+) -> None:
+    """Rewrite ``document``'s jobs with the bundle's ``python.mutators``, as ``databricks-bundles`` does for
+    the CLI (``databricks.bundles.build``): each job typed, handed to each mutator in order, kept as returned.
+    Only job mutators are applied; the bundle has no other kind, and one would be refused here."""
+    names = (document.get("python") or {}).get("mutators") or []
+    if not names:
+        return
+    try:
+        from databricks.bundles.core import Bundle, ResourceMutator
+        from databricks.bundles.jobs import Job
+    except ImportError as err:
+        raise BundleError(f"{root / 'databricks.yml'}: python.mutators needs databricks-bundles, which is not installed: pip install 'rulewatch[local]' ({err})") from err
+    # Lookups are only known to a deploy; the mutators see the variables that have a value.
+    bundle = Bundle(target=target or "", variables={k: v for k, v in variables.items() if not isinstance(v, Lookup)})
+    jobs = (document.get("resources") or {}).get("jobs") or {}
+    for name in names:
+        mutator = _load_mutator(root, str(name))
+        if not isinstance(mutator, ResourceMutator) or mutator.resource_type is not Job:
+            raise BundleError(f"{root / 'databricks.yml'}: python.mutators: {name} is not a @job_mutator; only job mutators are applied offline")
+        takes_bundle = len(inspect.signature(mutator.function).parameters) == 2
+        for key, definition in jobs.items():
+            try:
+                job = Job.from_dict(copy.deepcopy(definition))
+            except (TypeError, ValueError):
+                # A key or value the typed class refuses is one the schema refuses too: that check names
+                # every such fault (the CLI would stop at the first); the job stays as written.
+                continue
+            try:
+                changed = mutator.function(copy.deepcopy(bundle), job) if takes_bundle else mutator.function(job)
+            except Exception as err:  # the mutator's own refusal (a bad variable value, ...) is the bundle's error
+                raise BundleError(f"{locate(('resources', 'jobs', key))}: python mutator {name}: {err}", located=True) from err
+            if changed is not job:
+                jobs[key] = changed.as_dict()
+
+
 def load_config(
     root: Path,
     target: str | None = None,
@@ -413,6 +479,9 @@ def load_config(
                     raise BundleError(f"{root_file}: variable {name}: lookup variables cannot contain references to another lookup variable ({ref[1]})")
             values[name] = Lookup(value.kind, resolver.value(value.name, (name,)))
     resolved_variables = {name: resolver.variable(name, ()) for name in values if values[name] is not _UNSET}
+    # After the variables and before the resources' references, as the CLI runs them: the mutators see
+    # the variables' values and the jobs as written, and whatever they write is resolved like the rest.
+    _apply_job_mutators(root, document, target, resolved_variables, locate)
     resolved = resolver.value(document)
     return BundleConfig(
         root=root,
