@@ -1,9 +1,10 @@
 -- Unity Catalog grants for rulewatch: who can read alerts, who can change rules, what the job may touch.
 --
--- Run once per workspace as the schema owner (a metastore or catalog admin), e.g. in the SQL editor,
--- after the first `databricks bundle deploy -t prod` and the first run (which creates the tables;
--- docs/deploy.md). Names are the prod target's (catalog `main`, schema `rulewatch`); replace them,
--- and the four principals, with your own:
+-- Run as the schema owner (a metastore or catalog admin), e.g. in the SQL editor, in two parts: up to
+-- and including the engineers' grants after the first `databricks bundle deploy -t prod` and before
+-- its first run (the job needs them to run); the rest after that first run, which creates the tables
+-- and views they name (docs/deploy.md). Names are the prod target's (catalog `main`, schema
+-- `rulewatch`); replace them, and the four principals, with your own:
 --   `rulewatch-job`       the service principal the prod job runs as (run_as)
 --   `fraud-engineers`     operate the pipeline; may repair tables and checkpoints
 --   `fraud-rule-editors`  change rules, and nothing else
@@ -40,6 +41,8 @@ GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.landing TO `fraud-engin
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.rules TO `fraud-engineers`;
 GRANT READ VOLUME, WRITE VOLUME ON VOLUME main.rulewatch.lakehouse TO `fraud-engineers`;
 GRANT SELECT, MODIFY ON SCHEMA main.rulewatch TO `fraud-engineers`;
+
+-- ---- After the first run: the tables and views below exist only once the job has created them. ----
 
 -- Rule editors: the rules table and the rules file; what the stream made of their changes.
 GRANT SELECT, MODIFY ON TABLE main.rulewatch.config_rules TO `fraud-rule-editors`;

@@ -176,9 +176,10 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
     job = bundle.job(None)
     params = {t.key: task_parameters(job, t, {"lakehouse": "/lh"}) for t in task_order(job)}
     assert params["bronze"]["landing"] == "/data/in"  # ${var.landing} -> job parameter -> widget
-    # A local run has no Unity Catalog: catalog and schema are empty (LOCAL_VARIABLES), so setup makes no views.
+    # A local run has no Unity Catalog: catalog and schema are empty (LOCAL_VARIABLES), so setup makes no
+    # views, and tables too, so every table is a Delta folder under the lakehouse.
     assert params["setup"] == {
-        "lakehouse": "/lh", "landing": "/data/in", "rules_file": "",
+        "lakehouse": "/lh", "tables": "", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
         "kafka_bootstrap": "", "kafka_topic": "", "kafka_starting_offsets": "earliest", "kafka_max_offsets": "",
         "alerts_topic": "", "kafka_secret_scope": "",

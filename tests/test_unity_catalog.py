@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
+from rulewatch.checkpoints import CheckpointError, check_queries
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.views import VIEW_NAMES
 
@@ -126,3 +127,11 @@ def test_the_pipeline_on_catalog_tables_gives_the_fixture_alerts(spark, tmp_path
     run_all(spark, lakehouse, str(landing), log=lambda _: None)
     assert spark.read.table(lakehouse.alerts).count() == len(expected_alerts)
     assert spark.read.table(lakehouse.bronze_transactions).count() == 50
+
+    # A lost checkpoint is refused, though the table's log is no file: the commits' metadata says
+    # which batches the tables hold (DESCRIBE HISTORY), and starting over would skip them.
+    shutil.rmtree(lakehouse.checkpoint("gold"))
+    with pytest.raises(CheckpointError, match=rf"checkpoint {re.escape(lakehouse.checkpoint('gold'))} is missing or empty, but {re.escape(lakehouse.alerts)} already holds batch \d+ of rulewatch.gold.alerts"):
+        check_queries(lakehouse, "gold", spark=spark)
+    with pytest.raises(ValueError, match="needs a SparkSession"):
+        check_queries(lakehouse, "gold")

@@ -11,19 +11,26 @@ docs/reliability.md has the recovery steps the errors point to.
 
 Both sides are read as plain files, so the check needs a local or mounted path (a UC volume);
 on a ``scheme://`` lakehouse it is skipped. Unity Catalog managed tables (``Lakehouse.schema``)
-give no path to their Delta log, so there only the checkpoints' own files are checked.
+give no path to their Delta log: there the tables' side comes through Spark instead
+(:class:`CatalogCommits`), from the (sink, batch) each commit carries as ``userMetadata`` and the
+metrics table's rows.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
-from rulewatch.lakehouse import Lakehouse, is_table_name
+from rulewatch.lakehouse import Lakehouse
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 RECOVERY = "see 'Recovery' in docs/reliability.md"
 
@@ -116,9 +123,7 @@ def _actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     """``{txnAppId: last txnVersion}`` for the idempotent writers of ``table`` whose id starts with the prefix.
 
-    Empty for a catalog table (no path to read its log from)."""
-    if is_table_name(table):
-        return {}
+    """
     log = Path(table, "_delta_log")
     latest: dict[str, int] = {}
     for _, txn in _actions(log, ("txn",)) if log.is_dir() else ():
@@ -149,7 +154,72 @@ def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
     return newest
 
 
-def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]]) -> None:
+class Commits(Protocol):
+    """What the checks need to know of the tables' commits."""
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]: ...
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]: ...
+
+
+class LogFiles:
+    """Path tables: their Delta logs and the metrics table's Parquet files, read as files."""
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]:
+        return committed_batches(table, app_id_prefix)
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]:
+        return _rows_written(metrics_table, layers)
+
+
+# A bound on the history read per table: the newest commits are the ones compared, and reading a
+# long-lived table's whole history (one commit per micro-batch) would cost more than the run.
+HISTORY_DEPTH = 1000
+
+
+@dataclass
+class CatalogCommits:
+    """Catalog tables, through Spark: ``DESCRIBE HISTORY`` (the newest ``HISTORY_DEPTH`` commits, each
+    with the ``userMetadata`` ``sinks.append_once`` gives it) and the metrics table read as a table."""
+
+    spark: "SparkSession"
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]:
+        from rulewatch import tables
+
+        if not tables.exists(self.spark, table):
+            return {}
+        latest: dict[str, int] = {}
+        history = self.spark.sql(f"DESCRIBE HISTORY {tables.table_ref(table)} LIMIT {HISTORY_DEPTH}")
+        for row in history.where("userMetadata IS NOT NULL").select("userMetadata").collect():
+            try:
+                txn = json.loads(row.userMetadata)
+                app_id, version = txn["txnAppId"], int(txn["txnVersion"])
+            except (ValueError, KeyError, TypeError):
+                continue  # someone else's metadata
+            if isinstance(app_id, str) and app_id.startswith(app_id_prefix):
+                latest[app_id] = max(latest.get(app_id, -1), version)
+        return latest
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]:
+        from pyspark.sql import functions as F
+
+        from rulewatch import tables
+
+        if not tables.exists(self.spark, metrics_table):
+            return {}
+        written = (
+            tables.read(self.spark, metrics_table)
+            .where(F.col("layer").isin(layers))
+            .select("batch_id", F.explode("rows_written").alias("table", "rows"))
+            .where(F.col("rows") > 0)
+            .groupBy("table")
+            .agg(F.max("batch_id").alias("batch_id"))
+        )
+        return {row.table: row.batch_id for row in written.collect()}
+
+
+def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Commits = LogFiles()) -> None:
     """Fail with a clear error unless ``checkpoint`` is readable and not behind any of its ``sinks``.
 
     ``sinks``: (table, ``txnAppId`` prefix) pairs the query writes with (sinks.py); only those
@@ -159,7 +229,7 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]]) -> None:
         return
     planned = last_planned_batch(checkpoint)
     for table, app_id_prefix in sinks:
-        for app_id, version in committed_batches(table, app_id_prefix).items():
+        for app_id, version in commits.committed_batches(table, app_id_prefix).items():
             if version > planned:
                 state = "is missing or empty" if planned < 0 else f"has batches only up to {planned}"
                 raise CheckpointError(
@@ -174,7 +244,7 @@ QUERY_LAYERS = {"bronze": ["bronze"], "silver": ["silver"], "ingest": ["bronze",
 STATEFUL = {"gold"}
 
 
-def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[str, str]]) -> None:
+def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[str, str]], commits: Commits = LogFiles()) -> None:
     """Fail unless every table holds every batch the query's checkpoint says it committed.
 
     The other direction of ``check_checkpoint``: a lost commit (the newest one of a table) would
@@ -184,22 +254,22 @@ def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[
     """
     checkpoint = Path(lakehouse.checkpoint(query))
     committed = _numbered(checkpoint / "commits")
-    if "://" in lakehouse.root or lakehouse.schema or not committed or query not in QUERY_LAYERS:
+    if "://" in lakehouse.root or not committed or query not in QUERY_LAYERS:
         return
     if query in STATEFUL:
         _check_state(checkpoint, committed[-1])
     metrics = lakehouse.pipeline_metrics
-    recorded = max(committed_batches(metrics, f"rulewatch.metrics.{query}").values(), default=-1)
+    recorded = max(commits.committed_batches(metrics, f"rulewatch.metrics.{query}").values(), default=-1)
     if recorded < committed[-1]:
         raise CheckpointError(
             f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
             f"rows only up to batch {recorded}: commits of that table are lost. Do not run until they are restored "
             f"or the layer rebuilt: {RECOVERY}"
         )
-    newest = _rows_written(metrics, QUERY_LAYERS[query])
+    newest = commits.rows_written(metrics, QUERY_LAYERS[query])
     for table, app_id_prefix in sinks:
         wrote = newest.get(lakehouse.name_of(table), -1)
-        holds = max(committed_batches(table, app_id_prefix).values(), default=-1)
+        holds = max(commits.committed_batches(table, app_id_prefix).values(), default=-1)
         if holds < wrote:
             raise CheckpointError(
                 f"{table} has lost rows: batch {wrote} of the {query} query appended to it (gold/pipeline_metrics), "
@@ -261,12 +331,16 @@ def _check_one_ingest_way(lakehouse: Lakehouse, query: str) -> None:
             )
 
 
-def check_queries(lakehouse: Lakehouse, *queries: str) -> None:
+def check_queries(lakehouse: Lakehouse, *queries: str, spark: "SparkSession | None" = None) -> None:
     """``check_checkpoint`` for each named rulewatch query (bronze, silver, ingest, gold, rule_history) of ``lakehouse``.
 
-    Also refuses to start an ingest query on a lakehouse the other ingest way has used."""
+    Also refuses to start an ingest query on a lakehouse the other ingest way has used. A lakehouse
+    of catalog tables needs ``spark`` to see their commits."""
+    if lakehouse.schema and spark is None:
+        raise ValueError(f"checking the catalog tables of {lakehouse.schema} needs a SparkSession (spark=...)")
+    commits: Commits = CatalogCommits(spark) if spark is not None and lakehouse.schema else LogFiles()
     sinks = _query_sinks(lakehouse)
     for query in queries:
         _check_one_ingest_way(lakehouse, query)
-        check_checkpoint(lakehouse.checkpoint(query), sinks[query])
-        check_tables_not_behind(lakehouse, query, sinks[query])
+        check_checkpoint(lakehouse.checkpoint(query), sinks[query], commits)
+        check_tables_not_behind(lakehouse, query, sinks[query], commits)

@@ -32,9 +32,10 @@ _DYNAMIC_REF = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _JOB_PARAM = re.compile(r"job\.parameters\.([A-Za-z_][\w-]*)")
 
 # A local run stands in for a bundle target: there is no Unity Catalog here, so catalog and schema are
-# empty (the setup task then creates no catalog views) and the lakehouse and landing paths come from the
-# command line instead of the volumes derived from them. --var still wins over these.
-LOCAL_VARIABLES: dict[str, str] = {"catalog": "", "schema": ""}
+# empty (the setup task then creates no catalog views), tables too (Delta folders under the lakehouse),
+# and the lakehouse and landing paths come from the command line instead of the volumes derived from
+# them. --var still wins over these.
+LOCAL_VARIABLES: dict[str, str] = {"catalog": "", "schema": "", "tables": ""}
 
 
 class JobError(Exception):
@@ -335,7 +336,6 @@ def cmd_job_run(args: argparse.Namespace) -> int:
         defaults = {
             "landing": str(bundle.root / "fixtures" / "transactions"),
             "rules_file": str(bundle.root / "fixtures" / "rules.json"),
-            "tables": "",  # no Unity Catalog here: Delta folders under the lakehouse
         }
         overrides = {k: v for k, v in defaults.items() if k in job.parameters}
         # An empty value stays empty: --rules "" means "leave config/rules as it is".

@@ -78,7 +78,7 @@ def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
-    check_queries(lakehouse, "ingest", "gold")  # a lost checkpoint would silently skip data
+    check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with _session_confs(spark, partitions):

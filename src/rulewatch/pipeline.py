@@ -50,7 +50,7 @@ def run_bronze(spark: SparkSession, lakehouse: Lakehouse, source: Source, log: L
     lost to retention before they were read stop the query instead of being skipped.
     """
     tables.ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
-    check_queries(lakehouse, "bronze")
+    check_queries(lakehouse, "bronze", spark=spark)
     check_source(lakehouse, source)
     started = time.time()
     _run(start_bronze(spark, source, lakehouse), "bronze", log)
@@ -63,12 +63,12 @@ def run_bronze(spark: SparkSession, lakehouse: Lakehouse, source: Source, log: L
 
 
 def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print) -> None:
-    check_queries(lakehouse, "silver")
+    check_queries(lakehouse, "silver", spark=spark)
     _run(start_silver(spark, lakehouse), "silver", log)
 
 
 def run_gold(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings = GoldSettings(), log: Log = print) -> None:
-    check_queries(lakehouse, "gold")
+    check_queries(lakehouse, "gold", spark=spark)
     _run(start_gold(spark, lakehouse, settings), "gold", log)
 
 
@@ -181,7 +181,7 @@ def run_all(
     landed = run_bronze(spark, lakehouse, source, log)
     run_silver(spark, lakehouse, log)
     run_gold(spark, lakehouse, settings, log)
-    check_queries(lakehouse, "rule_history")
+    check_queries(lakehouse, "rule_history", spark=spark)
     run_rule_history(spark, lakehouse)
     described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
     return changes, summarize(spark, lakehouse, landed, described)

@@ -7,7 +7,7 @@ finds no usable configuration, the commands stop with the settings to give; that
 environment and the config file (the SDK contacts a host only once one is configured).
 
     rulewatch remote run [JOB] [--param K=V ...] [--no-follow] [--timeout-minutes N]
-    rulewatch remote alerts --warehouse-id ID [--catalog C] [--schema S] [--limit N]
+    rulewatch remote alerts --warehouse-id ID [--catalog C] [--schema S] [--volume V] [--limit N] [--profile P]
 """
 
 from __future__ import annotations

@@ -355,7 +355,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         )
         counts = {"accepted": valid_n - repeated_n, "quarantined": total - valid_n, "duplicates": repeated_n}
         batch = batch_column("silver_batch_id", batch_id)
-        tables = [
+        outputs = [
             ("accepted", lakehouse.silver_transactions, "transactions",
              [*[c for c in schema.SILVER.fieldNames() if c != "silver_batch_id"], batch]),
             ("quarantined", lakehouse.silver_quarantine, "quarantine",
@@ -364,7 +364,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
             ("duplicates", lakehouse.silver_duplicates, "duplicates",
              ["transaction_id", "value", "source_file", "ingest_time", batch]),
         ]  # fmt: skip
-        for name, path, sink, columns in tables:
+        for name, path, sink, columns in outputs:
             rows_of = classified.where(F.col("_class") == name).select(*columns)
             append_once(rows_of, path, f"rulewatch.{layer}.{sink}", batch_id, rows=counts[name])
     finally:
@@ -377,7 +377,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         "rows_out": accepted,
         "quarantined": quarantined,
         "duplicates": duplicates,
-        "rows_written": {lakehouse.name_of(path): counts[name] for name, path, _, _ in tables},
+        "rows_written": {lakehouse.name_of(path): counts[name] for name, path, _, _ in outputs},
     }
 
 

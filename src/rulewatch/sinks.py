@@ -7,6 +7,7 @@ for that (sink, batch) and a replayed batch neither loses nor duplicates a row.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -32,11 +33,18 @@ def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int |
 
     ``rows=0`` (the caller counted ``df`` empty) skips the commit: with ``txnAppId`` each append pays
     a Delta state reconstruction (~0.5 s locally), and an empty one adds nothing a replay could repeat.
+    The commit also carries (sink, batch) as its ``userMetadata``: the one place ``DESCRIBE HISTORY``
+    shows it, for catalog tables whose log cannot be read as files (checkpoints.py).
     """
     crash_point(sink, batch_id, "before")
     if rows != 0:
-        tables.save(df.write.format("delta").mode("append").option("txnAppId", sink).option("txnVersion", batch_id), table)
+        writer = df.write.format("delta").mode("append").option("txnAppId", sink).option("txnVersion", batch_id)
+        tables.save(writer.option("userMetadata", batch_metadata(sink, batch_id)), table)
     crash_point(sink, batch_id, "after")
+
+
+def batch_metadata(sink: str, batch_id: int) -> str:
+    return json.dumps({"txnAppId": sink, "txnVersion": batch_id})
 
 
 def batch_column(name: str, batch_id: int) -> Column:

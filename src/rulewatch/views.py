@@ -4,10 +4,10 @@ Every dashboard dataset, the local HTML report and the explore notebook read the
 number means the same thing everywhere. Each view's SQL names its inputs as ``{placeholders}``:
 
 - locally (:func:`register_views`) the gold/silver/config tables become temp views read from the
-  lakehouse's Delta paths (conformed to ``schema.py``, so a lakehouse written before a column
+  lakehouse's tables (conformed to ``schema.py``, so a lakehouse written before a column
   existed still answers), and the views become temp views of the same names;
-- in Unity Catalog (:func:`catalog_view_statements`) the inputs are the Delta paths under the
-  lakehouse volume and the views are ``CREATE OR REPLACE VIEW <catalog>.<schema>.<name>``; the
+- in Unity Catalog (:func:`catalog_view_statements`) the inputs are the lakehouse's tables by name
+  (managed tables of ``Lakehouse.schema``, or Delta paths without one) and the views are ``CREATE OR REPLACE VIEW <catalog>.<schema>.<name>``; the
   dashboard's datasets name the views unqualified and the bundle sets their catalog and schema.
 
 Account identifiers are masked in ``alerts_masked`` for viewers outside a group. On Databricks the
@@ -271,8 +271,8 @@ def _read_or_empty(spark: SparkSession, table: str, table_schema: StructType) ->
 def catalog_view_statements(catalog: str, schema_name: str, lakehouse: Lakehouse, pii_group: str) -> list[str]:
     """``CREATE OR REPLACE VIEW`` statements for Unity Catalog, in dependency order.
 
-    The views read the path-based Delta tables under ``lakehouse`` (the job's volume) and mask
-    account identifiers for anyone not in account group ``pii_group``.
+    The views read ``lakehouse``'s tables (managed tables of its schema, or Delta folders without one)
+    and mask account identifiers for anyone not in account group ``pii_group``.
     """
     _identifier(catalog, "catalog")
     _identifier(schema_name, "schema")
