@@ -26,8 +26,11 @@ from rulewatch.packing import pack
 from rulewatch.metrics import ensure_metrics_table, latency_columns, record
 from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
+from rulewatch.session import session_confs
 from rulewatch.settings import GoldSettings
 from rulewatch.sinks import crash_point, append_once, batch_column
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
@@ -254,5 +257,6 @@ def start_gold(
         .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
-    holder["query"] = writer.start()
+    with session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()}):
+        holder["query"] = writer.start()
     return holder["query"]

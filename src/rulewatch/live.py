@@ -16,11 +16,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -38,6 +37,7 @@ from rulewatch.kafka.source import KafkaSource
 from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import percentile
 from rulewatch.pipeline import ensure_all_tables
+from rulewatch.session import session_confs
 
 LAYERS = ("ingest", "gold")
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,6 @@ DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.
 Log = Callable[[str], None]
 
 
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
@@ -54,26 +53,6 @@ class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
     gold: GoldSettings = GoldSettings(shards=4)
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
-    # Gold runs in event-time mode: with no-data batches on, every batch that moves the watermark is
-    # followed by an empty one that only fires timers, and the next events wait behind it. Live
-    # traffic never stops for long, so timers can fire in the next data batch instead.
-    gold_no_data_batches: bool = False
-
-
-@contextmanager
-def _session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]:
-    """Set ``confs`` while queries start (each copies the session's settings then), then put them back."""
-    previous = {key: spark.conf.get(key, None) for key in confs}
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
@@ -81,10 +60,9 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
-    with _session_confs(spark, partitions):
+    with session_confs(spark, partitions):
         ingest = start_ingest(spark, source, lakehouse, settings.trigger)
-        with _session_confs(spark, {NO_DATA_BATCHES: str(settings.gold_no_data_batches).lower()}):
-            return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
+        return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
 
 
 def stop_streams(queries: Iterable[StreamingQuery]) -> None:
@@ -523,9 +501,13 @@ def stream(
 def _settings(args: argparse.Namespace) -> LiveSettings:
     return LiveSettings(
         trigger=args.trigger,
-        gold=GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness, alerts_topic=kafka_arguments.alerts_topic(args)),
+        gold=GoldSettings(
+            shards=args.shards,
+            allowed_lateness=args.allowed_lateness,
+            alerts_topic=kafka_arguments.alerts_topic(args),
+            no_data_batches=args.gold_no_data_batches,
+        ),
         shuffle_partitions=args.shuffle_partitions,
-        gold_no_data_batches=args.gold_no_data_batches,
     )
 
 

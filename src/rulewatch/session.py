@@ -124,3 +124,19 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     builder = builder.config("spark.driver.extraJavaOptions", java_options)
     with _jvm_stderr_filtered():
         return builder.getOrCreate()
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]:
+    """Set ``confs`` while queries start (each copies the session's settings then), then put them back."""
+    previous = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
