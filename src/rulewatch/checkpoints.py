@@ -338,7 +338,7 @@ def check_queries(lakehouse: Lakehouse, *queries: str, spark: "SparkSession | No
     of catalog tables needs ``spark`` to see their commits."""
     if lakehouse.schema and spark is None:
         raise ValueError(f"checking the catalog tables of {lakehouse.schema} needs a SparkSession (spark=...)")
-    commits: Commits = CatalogCommits(spark) if spark is not None and lakehouse.schema else LogFiles()
+    commits: Commits = CatalogCommits(spark) if lakehouse.schema else LogFiles()
     sinks = _query_sinks(lakehouse)
     for query in queries:
         _check_one_ingest_way(lakehouse, query)

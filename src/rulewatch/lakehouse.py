@@ -105,6 +105,15 @@ def is_table_name(table: str) -> bool:
     return "/" not in table
 
 
+def table_ref(table: str) -> str:
+    """The table in SQL: ``delta.`<path>``` or ```catalog`.`schema`.`table```."""
+    if "`" in table:
+        raise ValueError(f"table {table!r} contains a backtick; choose a lakehouse path or schema without one")
+    if is_table_name(table):
+        return ".".join(f"`{part}`" for part in table.split("."))
+    return f"delta.`{table}`"
+
+
 class LakehouseBusy(RuntimeError):
     """Another process is running the pipeline on the same lakehouse."""
 

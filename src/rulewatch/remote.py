@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from rulewatch import arguments
-from rulewatch.lakehouse import Lakehouse
+from rulewatch.lakehouse import Lakehouse, table_ref
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -255,9 +255,8 @@ def alerts_source(catalog: str, schema: str, volume: str = "") -> str:
     """
     validate_identifier(catalog, "catalog"), validate_identifier(schema, "schema")
     if volume:
-        folder = Lakehouse("/Volumes/{}/{}/{}".format(catalog, schema, validate_identifier(volume, "volume")))
-        return f"delta.`{folder.alerts}`"
-    return ".".join(f"`{part}`" for part in Lakehouse("/", schema=f"{catalog}.{schema}").alerts.split("."))
+        return table_ref(Lakehouse("/Volumes/{}/{}/{}".format(catalog, schema, validate_identifier(volume, "volume"))).alerts)
+    return table_ref(Lakehouse("/", schema=f"{catalog}.{schema}").alerts)
 
 
 def alerts_statement(catalog: str, schema: str, volume: str = "") -> str:

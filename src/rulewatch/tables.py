@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.lakehouse import is_table_name
+from rulewatch.lakehouse import is_table_name, table_ref
 
 
 def _sql_string(text: str) -> str:
@@ -26,15 +26,6 @@ def _ddl(schema: StructType) -> str:
         + (f" COMMENT {_sql_string(f.metadata['comment'])}" if f.metadata.get("comment") else "")
         for f in schema.fields
     )
-
-
-def table_ref(table: str) -> str:
-    """The table in SQL: ``delta.`<path>``` or ```catalog`.`schema`.`table```."""
-    if "`" in table:
-        raise ValueError(f"table {table!r} contains a backtick; choose a lakehouse path or schema without one")
-    if is_table_name(table):
-        return ".".join(f"`{part}`" for part in table.split("."))
-    return f"delta.`{table}`"
 
 
 def read(spark: SparkSession, table: str) -> DataFrame:
