@@ -8,6 +8,7 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -28,7 +29,7 @@ from rulewatch.rules import parse_duration
 from rulewatch.rules_table import ensure_rules_table
 from rulewatch.session import session_confs
 from rulewatch.settings import GoldSettings
-from rulewatch.sinks import crash_point, append_once, batch_column
+from rulewatch.sinks import append_once, batch_column, crash_point, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -157,22 +158,21 @@ def write_batch(
         )
         counts = _counts(out)
         fired = counts.pop("fired")
-        # Alerts first: they are what someone is waiting for; a table this batch adds nothing to
-        # gets no commit (each costs a Delta state reconstruction).
+        # A table this batch adds nothing to gets no commit (each costs a Delta state
+        # reconstruction); the others are written at once, alerts not waiting behind the metrics.
         written: dict[str, int] = {}
+        writes = []
         for frame, path, sink, rows in [
             (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
             (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics")),
             (late, lakehouse.late_events, "late_events", counts["late_events"]),
             (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
         ]:
-            append_once(frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows)
+            writes.append(partial(append_once, frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows))
             written[lakehouse.name_of(path)] = rows
-            if sink == "alerts" and alerts_topic and rows:
-                # After the Delta commit, so a replay re-publishes rather than loses (at least once);
-                # the committed rows, so the topic carries the table's decision_time on every replay.
-                kafka_alerts.publish(kafka_alerts.committed(out.sparkSession, lakehouse.alerts, batch_id), alerts_topic)
-                crash_point("rulewatch.kafka.alerts", batch_id, "after")
+        if alerts_topic and counts["alerts"]:
+            writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
+        together(writes)
         committed_ms = round(time.time() * 1000)
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         record(
@@ -186,6 +186,14 @@ def write_batch(
         )  # fmt: skip
     finally:
         out.unpersist()
+
+
+def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse: Lakehouse, batch_id: int, topic: KafkaTopic) -> None:
+    append()
+    # After the Delta commit, so a replay re-publishes rather than loses (at least once); the
+    # committed rows, so the topic carries the table's decision_time on every replay.
+    kafka_alerts.publish(kafka_alerts.committed(spark, lakehouse.alerts, batch_id), topic)
+    crash_point("rulewatch.kafka.alerts", batch_id, "after")
 
 
 def _counts(out: DataFrame) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -21,7 +22,7 @@ from rulewatch.lakehouse import Lakehouse
 from rulewatch.metrics import ensure_metrics_table, record
 from rulewatch.rules import parse_duration
 from rulewatch.settings import FUTURE_TOLERANCE_ENV, future_tolerance
-from rulewatch.sinks import append_once, batch_column
+from rulewatch.sinks import append_once, batch_column, together
 
 MAX_AMOUNT = 10**12
 WHITESPACE = " \t\r\n"  # JSON's whitespace
@@ -364,9 +365,11 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
             ("duplicates", lakehouse.silver_duplicates, "duplicates",
              ["transaction_id", "value", "source_file", "ingest_time", batch]),
         ]  # fmt: skip
-        for name, path, sink, columns in outputs:
-            rows_of = classified.where(F.col("_class") == name).select(*columns)
-            append_once(rows_of, path, f"rulewatch.{layer}.{sink}", batch_id, rows=counts[name])
+        together([
+            partial(append_once, classified.where(F.col("_class") == name).select(*columns), path,
+                    f"rulewatch.{layer}.{sink}", batch_id, rows=counts[name])
+            for name, path, sink, columns in outputs
+        ])  # fmt: skip
     finally:
         if repeats is not None:
             repeats.unpersist()
