@@ -11,12 +11,12 @@ STAMP := $(VENV)/.rulewatch-installed
 setup: $(STAMP)
 
 # Pinned set (requirements.lock) + the Delta and Spark-Kafka jars and the Apache Kafka broker's jars,
-# fetched once from Maven Central (python -m rulewatch.jars); afterwards every run and test works offline.
+# fetched once from Maven Central (python -m rulewatch.spark.jars); afterwards every run and test works offline.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local,remote]'
-	$(BIN)/python -m rulewatch.jars
+	$(BIN)/python -m rulewatch.spark.jars
 	touch $(STAMP)
 
 demo: setup
@@ -49,7 +49,7 @@ $(STAMP40): pyproject.toml requirements.lock
 	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt
 	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev,remote]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
 	$(VENV40)/bin/python -m pip install --quiet --no-deps delta-spark==4.4.0
-	$(VENV40)/bin/python -m rulewatch.jars
+	$(VENV40)/bin/python -m rulewatch.spark.jars
 	touch $(STAMP40)
 
 test-spark40: setup-spark40

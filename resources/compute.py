@@ -3,7 +3,7 @@
 The jobs are written for a job cluster. A target override can add keys but never remove them, so
 serverless cannot be a YAML variant of the same job; this ``databricks-bundles`` mutator (listed under
 ``python.mutators`` in databricks.yml) rewrites each job when ``compute`` is ``serverless``. The CLI runs
-it at deploy time with the bundle root as working directory; ``rulewatch.bundle_config`` runs it the same
+it at deploy time with the bundle root as working directory; ``rulewatch.bundle.config`` runs it the same
 way for the offline checks and the local runner.
 
 It lives beside the job files on purpose: the CLI may take a path the mutator writes as relative to this

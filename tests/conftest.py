@@ -25,14 +25,14 @@ def cell_text(cell) -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    from rulewatch.session import get_spark
+    from rulewatch.spark.session import get_spark
 
     return get_spark("rulewatch-tests")
 
 
 def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=None):
     """Lines as bronze rows (valid UTF-8, numbered in order), for silver tests without a landing folder."""
-    from rulewatch.schema import BRONZE
+    from rulewatch.spark.schema import BRONZE
 
     unset = (None,) * (len(BRONZE.fields) - 4)  # exact bytes, file size and time, Kafka coordinates
     return spark.createDataFrame([(line, source, ingest_time, i, *unset) for i, line in enumerate(lines)], BRONZE)
@@ -46,8 +46,8 @@ class PipelineRun:
 
 
 def run_fixture_pipeline(spark, root: Path) -> PipelineRun:
-    from rulewatch.lakehouse import Lakehouse
-    from rulewatch.pipeline import run_all
+    from rulewatch.spark.lakehouse import Lakehouse
+    from rulewatch.spark.pipeline import run_all
 
     landing = root / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)

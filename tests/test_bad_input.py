@@ -15,9 +15,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, bronze_frame
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.pipeline import Summary, run_all
-from rulewatch.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.pipeline import Summary, run_all
+from rulewatch.spark.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
 
 T0 = 1793527200000  # 2026-11-01T10:00:00Z
 MINUTE = 60_000

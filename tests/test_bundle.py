@@ -19,7 +19,7 @@ import yaml
 from databricks.bundles.jobs import Job
 
 from conftest import ROOT
-from rulewatch.bundle_check import (
+from rulewatch.bundle.check import (
     DASHBOARD_DATASET_DEFAULTS_CLI,
     check_bundle,
     cli_version_floor,
@@ -27,9 +27,9 @@ from rulewatch.bundle_check import (
     load_schema,
     schema_problems,
 )
-from rulewatch.bundle_config import BundleError, Identity, load_config, target_names
-from rulewatch.jobs import JobError, JobSpec, load_bundle, task_order
-from rulewatch.lakehouse import Lakehouse
+from rulewatch.bundle.config import BundleError, Identity, load_config, target_names
+from rulewatch.cli.jobs import JobError, JobSpec, load_bundle, task_order
+from rulewatch.spark.lakehouse import Lakehouse
 
 BUNDLE = load_bundle(ROOT)
 JOBS = sorted(BUNDLE.jobs)
@@ -130,9 +130,9 @@ def notebook_widgets(path: Path) -> dict[str, bool]:
 def test_widget_parser_reads_names_and_defaults(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell('%pip install x\nfrom rulewatch.widgets import widget\na = widget("a")\nb = widget("b", "1")'),
+        nbformat.v4.new_code_cell('%pip install x\nfrom rulewatch.spark.widgets import widget\na = widget("a")\nb = widget("b", "1")'),
         nbformat.v4.new_code_cell('%sql SELECT widget("nope")'),
-        nbformat.v4.new_code_cell('import rulewatch.widgets as w\nc = int(w.widget("c", default="2"))\nprint("widget(\\"d\\")")'),
+        nbformat.v4.new_code_cell('import rulewatch.spark.widgets as w\nc = int(w.widget("c", default="2"))\nprint("widget(\\"d\\")")'),
     ]
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rulewatch.bundle_check import check_target, cli_version_floor, rule_problems, undefined_references
-from rulewatch.bundle_config import BundleError, Identity, Lookup, load_config
+from rulewatch.bundle.check import check_target, cli_version_floor, rule_problems, undefined_references
+from rulewatch.bundle.config import BundleError, Identity, Lookup, load_config
 
 ALICE = Identity.of("alice.smith@example.com")
 SP = Identity.of("6a1f3c2e-0000-4000-8000-000000000001", service_principal=True)
@@ -266,7 +266,7 @@ def test_cli_version_floor(constraint, floor):
 
 
 def test_job_run_reports_a_broken_bundle_in_one_line_with_exit_2(tmp_path, monkeypatch, capsys):
-    from rulewatch.cli import main
+    from rulewatch.cli.main import main
 
     root = write_bundle(tmp_path / "b", {"variables": {}}, {"jobs": {"j": _job(description="${var.typo}")}})
     monkeypatch.chdir(root / "notebooks")  # the bundle is found upwards from here

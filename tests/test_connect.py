@@ -16,7 +16,7 @@ from conftest import FIXTURES, ROOT
 def test_run_under_spark_connect_gives_the_fixture_alerts(tmp_path, expected_alerts):
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     result = subprocess.run(
-        [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lakehouse"),
+        [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lakehouse"),
          "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip

@@ -1,10 +1,10 @@
 """Exactly-once under SIGKILL: a run killed at any point and restarted ends where an uninterrupted run ends.
 
-One lakehouse is driven by ``python -m rulewatch.cli run`` subprocesses over two landed files. Each
+One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over two landed files. Each
 attempt but the last per file is killed: at fixed points inside the idempotent writes (the
-``RULEWATCH_CRASH_AT`` hook in sinks.py, including between two gold tables of one micro-batch)
+``RULEWATCH_CRASH_AT`` hook in spark/sinks.py, including between two gold tables of one micro-batch)
 and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
-the same files. The checkpoint checks (checkpoints.py) are tested on copies of the crashed lakehouse.
+the same files. The checkpoint checks (spark/checkpoints.py) are tested on copies of the crashed lakehouse.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
-from rulewatch.checkpoints import CheckpointError, check_queries, committed_batches, last_planned_batch
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
-from rulewatch.sinks import CRASH_AT_ENV, append_once
-from rulewatch.tables import ensure_table
+from rulewatch.spark.checkpoints import CheckpointError, check_queries, committed_batches, last_planned_batch
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
+from rulewatch.spark.sinks import CRASH_AT_ENV, append_once
+from rulewatch.spark.tables import ensure_table
 
 RULES = str(FIXTURES / "rules.json")
 # Columns that record when a row was processed, not what was decided: they differ between any two runs.
@@ -88,11 +88,11 @@ def _reap(group: int) -> None:
 
 
 def run_cli(args: list[str], crash_at: str | None = None, kill_after: float | None = None, timeout: float = 600) -> int:
-    """``python -m rulewatch.cli ARGS`` in its own process group; its exit code (-9 when killed)."""
+    """``python -m rulewatch.cli.main ARGS`` in its own process group; its exit code (-9 when killed)."""
     env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
-    process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli", *args], cwd=ROOT, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli.main", *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         output, _ = process.communicate(timeout=kill_after or timeout)

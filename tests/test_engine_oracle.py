@@ -1,4 +1,4 @@
-"""The micro-batch engine (rulewatch.engine / rulewatch.windows) agrees with the brute-force oracle.
+"""The micro-batch engine (rulewatch.engine.engine / rulewatch.engine.windows) agrees with the brute-force oracle.
 
 The driver below mirrors what the Spark wrapper does around ``evaluate_batch``: key every event once per keyset of
 the rule book, cut the time-ordered stream into micro-batches (rows shuffled inside a batch: the engine must sort
@@ -28,7 +28,7 @@ from oracle import oracle, parse_duration_ms  # noqa: E402
 from test_oracle import LOGIN_RULE, LOGIN_TABLE, login  # noqa: E402
 from test_oracle import login_events as oracle_login_events  # noqa: E402
 
-from rulewatch.engine import (  # noqa: E402
+from rulewatch.engine.engine import (  # noqa: E402
     KEY_SEPARATOR,
     MAX_REPORTED_VALUES,
     RuleBook,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rulewatch.engine import KEY_SEPARATOR
-from rulewatch.evaluator import expiry_buckets
+from rulewatch.engine.engine import KEY_SEPARATOR
+from rulewatch.spark.evaluator import expiry_buckets
 
 KEYSETS = {"payeeId": 60_000, "userId": 900_000}
 

@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import ROOT, cell_text
-from rulewatch.widgets import widget_env
+from rulewatch.spark.widgets import widget_env
 
 NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rulewatch import bronze
-from rulewatch.gold import GoldSettings
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.landing import LandingError, audit, check_landing
-from rulewatch.pipeline import ensure_all_tables, run_all
+from rulewatch.spark import bronze
+from rulewatch.spark.gold import GoldSettings
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.landing import LandingError, audit, check_landing
+from rulewatch.spark.pipeline import ensure_all_tables, run_all
 
 RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
         "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": 20, "windowMinutes": 60}  # fmt: skip

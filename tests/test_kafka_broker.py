@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from rulewatch.cli import main
+from rulewatch.cli.main import main
 from rulewatch.kafka import broker
 from rulewatch.kafka.client import KafkaTopic, client_config, ensure_topic
 from rulewatch.kafka.produce import send_all
@@ -123,7 +123,7 @@ def test_a_malformed_bootstrap_is_refused_naming_it(bootstrap):
 def test_generate_produces_labelled_traffic_to_a_topic(tmp_path, kafka_broker, capsys):
     import json
 
-    from rulewatch.generate import read_labels
+    from rulewatch.spark.generate import read_labels
 
     topic = KafkaTopic(kafka_broker, "generated")
     ensure_topic(topic)

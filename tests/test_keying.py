@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 
 def test_group_keys_of_different_values_never_collide(spark):
     """("a|b", "c") and ("a", "b|c") joined naively would both be "a|b|c"."""
-    from rulewatch.keying import fan_out
+    from rulewatch.spark.keying import fan_out
 
     events = spark.createDataFrame(
         [("t1", "a|b", "c"), ("t2", "a", "b|c"), ("t3", "a\\", "|c")], "transaction_id string, payee_id string, beneficiary_id string"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from rulewatch.checkpoints import CheckpointError, check_queries
-from rulewatch.generate import GeneratorConfig, Label
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.live import DEMO_RULES, Alert, LiveSettings, demo, score
-from rulewatch.rules_table import apply_rules_file
+from rulewatch.spark.checkpoints import CheckpointError, check_queries
+from rulewatch.spark.generate import GeneratorConfig, Label
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.live import DEMO_RULES, Alert, LiveSettings, demo, score
+from rulewatch.spark.rules_table import apply_rules_file
 
 
 def alert(rule_id: int, key: str, decided: int = 5_000) -> Alert:
@@ -75,7 +75,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
 def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, tmp_path, kafka_broker):
     from conftest import consume_all
 
-    from rulewatch.gold import GoldSettings
+    from rulewatch.spark.gold import GoldSettings
     from rulewatch.kafka.client import KafkaTopic
     from rulewatch.kafka.source import KafkaSource
 

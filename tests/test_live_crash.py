@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from conftest import consume_all
-from rulewatch.checkpoints import last_planned_batch
+from rulewatch.spark.checkpoints import last_planned_batch
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.pipeline import run_all, summarize
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.pipeline import run_all, summarize
 from test_crash import RULES, _alerts, _files, _land, run_cli
 
 pytestmark = pytest.mark.spark

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rulewatch.metrics import latency_columns, percentile
+from rulewatch.spark.metrics import latency_columns, percentile
 
 
 def test_nearest_rank_percentiles_are_observed_values():

@@ -15,8 +15,8 @@ import pytest
 from nbclient import NotebookClient
 
 from conftest import ROOT, cell_text
-from rulewatch.pipeline import NO_RULES_WARNING
-from rulewatch.widgets import repository_root, resolve_path, widget_env
+from rulewatch.spark.pipeline import NO_RULES_WARNING
+from rulewatch.spark.widgets import repository_root, resolve_path, widget_env
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -65,10 +65,10 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
     assert len(NOTEBOOKS) == 6 and len(set(first.values())) == 1, first
     root = _checkout(tmp_path)
     # An interpreter that cannot import rulewatch at all: no site-packages (-S), no PYTHONPATH (-I).
-    probe = next(iter(first.values())) + "\nimport rulewatch.lakehouse\nprint(rulewatch.lakehouse.__file__)"
+    probe = next(iter(first.values())) + "\nimport rulewatch.spark.lakehouse\nprint(rulewatch.spark.lakehouse.__file__)"
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=root / "notebooks", capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "lakehouse.py")
+    assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "spark" / "lakehouse.py")
 
 
 @pytest.mark.spark
@@ -108,8 +108,8 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
 
 @pytest.mark.spark
 def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
-    from rulewatch.lakehouse import Lakehouse
-    from rulewatch.pipeline import ensure_all_tables
+    from rulewatch.spark.lakehouse import Lakehouse
+    from rulewatch.spark.pipeline import ensure_all_tables
 
     root = _checkout(tmp_path)
     ensure_all_tables(spark, Lakehouse(str(root / "empty")))

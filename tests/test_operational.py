@@ -11,9 +11,9 @@ import time
 import pytest
 
 from conftest import FIXTURES, ROOT
-from rulewatch import jobs
-from rulewatch.cli import build_parser, main
-from rulewatch.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
+from rulewatch.cli import jobs
+from rulewatch.cli.main import build_parser, main
+from rulewatch.spark.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
 
 
 def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_path):
@@ -21,7 +21,7 @@ def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_pa
     with exclusive(lakehouse):
         started = time.monotonic()
         result = subprocess.run(
-            [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", lakehouse.root,
+            [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", lakehouse.root,
              "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -208,7 +208,7 @@ def test_a_read_only_lakehouse_is_named_with_the_fix(tmp_path):
     lakehouse.mkdir()
     script = (
         f'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit {NO_READ_ONLY_MOUNT}; '
-        'exec "$2" -m rulewatch.cli run --lakehouse "$1" --landing "$3"'
+        'exec "$2" -m rulewatch.cli.main run --lakehouse "$1" --landing "$3"'
     )
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(lakehouse), sys.executable, str(FIXTURES / "transactions")]
     try:
@@ -251,9 +251,9 @@ def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
 
 @pytest.mark.parametrize("command", ["stream", "demo"])
 def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys, monkeypatch, command):
-    import rulewatch.session
+    import rulewatch.spark.session
 
-    monkeypatch.setattr(rulewatch.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
     bad, missing = tmp_path / "bad.json", tmp_path / "missing.json"
     rule = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeId"], "aggregateFieldName": "paymentAmount",
             "aggregatorFunctionType": "SUMM", "limitOperatorType": "GREATER", "limit": 5, "windowMinutes": 5}  # fmt: skip
@@ -268,7 +268,7 @@ def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys,
 
 
 def test_a_run_without_an_active_rule_warns_first():
-    from rulewatch.pipeline import NO_RULES_WARNING, Summary
+    from rulewatch.spark.pipeline import NO_RULES_WARNING, Summary
 
     quiet = Summary(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0, active_rules=0)
     assert quiet.lines()[0] == NO_RULES_WARNING and "active rules     0" in quiet.lines()
@@ -307,8 +307,8 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
 @pytest.mark.spark
 def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
-    # JVM's stderr at every query start; session.py filters those lines out of the user's terminal.
-    command = [sys.executable, "-m", "rulewatch.cli", "run", "--lakehouse", str(tmp_path / "lh"),
+    # JVM's stderr at every query start; spark/session.py filters those lines out of the user's terminal.
+    command = [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lh"),
                "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -92,7 +92,7 @@ def test_window_metrics_cover_every_alert_key(spark, fixture_run):
 
 def test_rerun_continues_from_checkpoints(spark, tmp_path):
     """A second run only processes new files: new alerts appear, nothing is re-emitted or lost."""
-    from rulewatch.pipeline import run_all
+    from rulewatch.spark.pipeline import run_all
 
     run = run_fixture_pipeline(spark, tmp_path)
     lakehouse = run.lakehouse
@@ -146,7 +146,7 @@ def test_pipeline_metrics_account_for_every_batch_of_every_layer(spark, fixture_
 
 
 def test_latest_alerts_are_the_newest_by_event_time_in_reading_order(spark, fixture_run):
-    from rulewatch.pipeline import latest_alerts
+    from rulewatch.spark.pipeline import latest_alerts
 
     every = spark.read.format("delta").load(fixture_run.lakehouse.alerts).orderBy("event_time", "rule_id", "transaction_id").collect()
     assert len(every) > 3

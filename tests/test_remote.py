@@ -19,9 +19,9 @@ import pytest
 from databricks.sdk.service.sql import StatementResponse
 
 from conftest import ROOT
-from rulewatch import remote
-from rulewatch.jobs import load_bundle
-from rulewatch.remote import (
+from rulewatch.cli import remote
+from rulewatch.cli.jobs import load_bundle
+from rulewatch.cli.remote import (
     DeployedJob,
     RemoteAuthError,
     RemoteError,
@@ -349,7 +349,7 @@ def test_alerts_command_rejects_a_bad_identifier_with_exit_2(no_databricks_confi
 
 
 def test_defaults_match_the_prod_target():
-    from rulewatch.bundle_config import Identity
+    from rulewatch.bundle.config import Identity
 
     bundle = load_bundle(ROOT, {"service_principal": "sp"}, target="prod", identity=Identity.of("sp", service_principal=True), environ={})
     assert remote.DEFAULT_JOB in bundle.jobs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rulewatch.report import PALETTE, build_report
+from rulewatch.spark.report import PALETTE, build_report
 
 pytestmark = pytest.mark.spark
 

@@ -17,9 +17,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import ROOT
-from rulewatch.cli import main
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.pipeline import run_all
+from rulewatch.cli.main import main
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.pipeline import run_all
 
 INJECTION = "x' OR '1'='1"
 DROP = "'; DROP TABLE delta.`{table}`; --"

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rulewatch.rules import (
+from rulewatch.engine.rules import (
     DURATION_FORMS,
     EVENT_FIELDS,
     MAX_RULE_ID,

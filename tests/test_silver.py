@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from rulewatch.lakehouse import Lakehouse
+from rulewatch.spark.lakehouse import Lakehouse
 from conftest import bronze_frame
-from rulewatch.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
+from rulewatch.spark.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip

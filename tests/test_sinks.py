@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rulewatch.sinks import together
+from rulewatch.spark.sinks import together
 
 
 def test_writes_run_at_the_same_time():

@@ -1,4 +1,4 @@
-"""Batched MapState access (state_batch.py) against a stand-in state server on a real socket.
+"""Batched MapState access (spark/state_batch.py) against a stand-in state server on a real socket.
 
 The stand-in answers like the JVM's: one request at a time, in order, each response written
 (blocking) before the next request is read. It records whether the next request had already
@@ -30,14 +30,14 @@ from pyspark.sql.streaming.stateful_processor import MapState
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from rulewatch import schema, state_batch
-from rulewatch.evaluator import HistoryStore
-from rulewatch.gold import GoldSettings, start_gold
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.rules import parse_rule
-from rulewatch.rules_table import apply_rules
-from rulewatch.silver import ensure_silver_tables
-from rulewatch.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched_map, pipeline_requested
+from rulewatch.spark import schema, state_batch
+from rulewatch.spark.evaluator import HistoryStore
+from rulewatch.spark.gold import GoldSettings, start_gold
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.engine.rules import parse_rule
+from rulewatch.spark.rules_table import apply_rules
+from rulewatch.spark.silver import ensure_silver_tables
+from rulewatch.spark.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched_map, pipeline_requested
 
 KEY = StructType([StructField("key", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
@@ -237,7 +237,7 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(slots):
 def test_the_environment_switch_forces_the_public_path(monkeypatch):
     monkeypatch.setenv(PIPELINE_ENV, "0")
     assert not pipeline_requested()
-    from rulewatch.evaluator import RuleProcessor
+    from rulewatch.spark.evaluator import RuleProcessor
 
     assert RuleProcessor().state_pipeline is False
     monkeypatch.delenv(PIPELINE_ENV)
@@ -276,8 +276,8 @@ import tempfile
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
-from rulewatch.session import get_spark
-from rulewatch.state_batch import batched_map
+from rulewatch.spark.session import get_spark
+from rulewatch.spark.state_batch import batched_map
 
 KEY = StructType([StructField("key", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])

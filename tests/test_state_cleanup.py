@@ -7,12 +7,12 @@ from decimal import Decimal
 
 import pytest
 
-from rulewatch import schema
-from rulewatch.gold import GoldSettings, start_gold
-from rulewatch.lakehouse import Lakehouse
-from rulewatch.rules import parse_rule
-from rulewatch.rules_table import apply_rules
-from rulewatch.silver import ensure_silver_tables
+from rulewatch.spark import schema
+from rulewatch.spark.gold import GoldSettings, start_gold
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.engine.rules import parse_rule
+from rulewatch.spark.rules_table import apply_rules
+from rulewatch.spark.silver import ensure_silver_tables
 
 T0 = datetime(2026, 11, 1, 10)
 RULE = {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rulewatch import arguments
+from rulewatch.cli import arguments
 from rulewatch.kafka.client import KafkaConfigError, KafkaTopic
 
 if TYPE_CHECKING:  # the source reads through Spark; the parser must not import it

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from rulewatch.jars import cache_home
+from rulewatch.spark.jars import cache_home
 
 KAFKA_VERSION = "4.1.1"
 # The broker logs through slf4j 1.7; without a binding it would log nothing at all, start-up errors included.

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rulewatch import arguments
+from rulewatch.cli import arguments
 from rulewatch.kafka.client import KafkaConfigError, KafkaTopic, ensure_topic
 
 

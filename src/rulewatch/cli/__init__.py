@@ -1,0 +1,1 @@
+"""The user-facing ``rulewatch`` command line and its subcommands."""

@@ -1,0 +1,161 @@
+"""``rulewatch rules apply|export|history|clear-state``: the rules table from the command line.
+
+``add_cli(subparsers)`` registers the ``rules`` command on the main parser; every handler takes the
+parsed arguments and returns the process exit code (0 ok, 1 no such table, 2 invalid rules file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+from rulewatch.cli import arguments
+from rulewatch.engine.rules import RuleError, RuleSetError, parse_rule
+
+
+def _spark_and_lakehouse(args: argparse.Namespace):
+    from rulewatch.spark.lakehouse import Lakehouse
+    from rulewatch.spark.session import get_spark
+
+    arguments.progress("rulewatch rules", "starting Spark")
+    return get_spark(), Lakehouse(args.lakehouse)
+
+
+def _no_table(lakehouse) -> int:
+    print(f"rulewatch: no rules table at {lakehouse.rules}; apply a rules file first (rulewatch rules apply)", file=sys.stderr)
+    return 1
+
+
+def cmd_rules_apply(args: argparse.Namespace) -> int:
+    """Validate FILE, MERGE it into config/rules and print each rule's change."""
+    from rulewatch.engine.rules import load_rules_file
+    from rulewatch.spark.rules_table import apply_rules
+
+    try:
+        rules = load_rules_file(args.file)  # before Spark starts: a bad file fails fast
+        spark, lakehouse = _spark_and_lakehouse(args)
+        arguments.progress("rulewatch rules", f"merging {len(rules)} rule(s) into {lakehouse.rules}")
+        changes = apply_rules(spark, lakehouse, rules, args.updated_by)
+    except RuleSetError as err:
+        source = err.source or args.file
+        print(f"rulewatch: {RuleSetError(err.errors, err.locations, source)}", file=sys.stderr)
+        print("rulewatch: nothing was written", file=sys.stderr)
+        return 2
+    for change in changes:
+        print(change)
+    counts = Counter(change.action for change in changes)
+    written = counts["added"] + counts["updated"] + counts["deleted"]
+    summary = ", ".join(f"{counts[a]} {a}" for a in ("added", "updated", "deleted", "unchanged") if counts[a])
+    print(f"rules: {summary or 'no rules in file'}; " + (f"written to {lakehouse.rules}" if written else "nothing written"))
+    return 0
+
+
+def cmd_rules_export(args: argparse.Namespace) -> int:
+    """Write config/rules as a rules file (stdout unless --out)."""
+    from rulewatch.spark.rules_table import export_rules, rules_table_exists, rules_to_json_text
+
+    spark, lakehouse = _spark_and_lakehouse(args)
+    if not rules_table_exists(spark, lakehouse):
+        return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"reading {lakehouse.rules}")
+    rules = export_rules(spark, lakehouse)
+    for rule in rules:
+        try:
+            parse_rule(rule)
+        except RuleError as err:
+            print(f"rulewatch: warning: exported as stored, but not a valid rule: {err}", file=sys.stderr)
+    text = rules_to_json_text(rules)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"rulewatch: {len(rules)} rule(s) written to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _history_line(row) -> str:
+    from rulewatch.spark.rules_table import field_diff
+
+    when = f"{row.commit_timestamp:%Y-%m-%d %H:%M:%S}" if row.commit_timestamp else "?"
+    head = f"v{row.commit_version:<4} {when}  rule {row.rule_id:<5} {row.change:<8} by {row.updated_by or '(unknown)'}"
+    if row.change == "updated":
+        detail = field_diff(json.loads(row.before), json.loads(row.after)) or "no field changed"
+    else:
+        detail = row.after if row.change == "inserted" else row.before
+    return f"{head}  {detail}"
+
+
+def cmd_rules_history(args: argparse.Namespace) -> int:
+    """Bring gold/rule_history up to date from the change feed, then print the last changes."""
+    from rulewatch.spark.rules_table import latest_rule_history, rules_table_exists, run_rule_history
+
+    spark, lakehouse = _spark_and_lakehouse(args)
+    if not rules_table_exists(spark, lakehouse):
+        return _no_table(lakehouse)
+    arguments.progress("rulewatch rules", f"updating {lakehouse.rule_history} from the change feed")
+    run_rule_history(spark, lakehouse)
+    rows = latest_rule_history(spark, lakehouse, args.last)
+    print(f"rules history: last {len(rows)} change(s) of {lakehouse.rules}")
+    for row in rows:
+        print(f"  {_history_line(row)}")
+    return 0
+
+
+def cmd_rules_clear_state(args: argparse.Namespace) -> int:
+    """Ask the evaluator to forget one rule's (or every rule's) window state up to a point in event time."""
+    from rulewatch.spark.commands import CommandError, request_clear_state
+    from rulewatch.spark.rules_table import rules_table_exists
+
+    before = None
+    if args.before:
+        try:
+            before = datetime.fromisoformat(args.before.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"rulewatch: --before {args.before!r} is not an ISO-8601 time such as 2026-11-01T12:00:00Z", file=sys.stderr)
+            return 2
+    spark, lakehouse = _spark_and_lakehouse(args)
+    if not rules_table_exists(spark, lakehouse):
+        return _no_table(lakehouse)
+    try:
+        request = request_clear_state(spark, lakehouse, args.rule, before, args.updated_by)
+    except CommandError as err:
+        print(f"rulewatch: {err}", file=sys.stderr)
+        return 2
+    print(f"clear-state requested: {request}")
+    return 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``rules apply|export|history|clear-state`` on the main parser's subparsers."""
+    rules = subparsers.add_parser("rules", help="apply, export or audit the rules table (config/rules)")
+    sub = rules.add_subparsers(dest="rules_command", required=True)
+
+    apply = sub.add_parser("apply", help="validate a rules file and MERGE it into config/rules")
+    apply.add_argument("file", help="rules file: a JSON array or JSON lines")
+    apply.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    apply.add_argument("--updated-by", help="name recorded in updated_by (default: the OS user)")
+    apply.set_defaults(func=arguments.needs(cmd_rules_apply))
+
+    export = sub.add_parser("export", help="write config/rules as a rules file")
+    export.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    export.add_argument("--out", help="file to write (default: stdout)")
+    export.set_defaults(func=arguments.needs(cmd_rules_export))
+
+    history = sub.add_parser("history", help="update gold/rule_history from the change feed and show the last changes")
+    history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    history.add_argument("--last", type=arguments.count("changes", 20), default=20, help="how many changes to show (default 20)")
+    history.set_defaults(func=arguments.needs(cmd_rules_history))
+
+    clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
+    clear.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    which = clear.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rule", type=arguments.rule_id, help="the rule id to clear")
+    which.add_argument("--all", action="store_true", help="clear every current rule")
+    clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
+    clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
+    clear.set_defaults(func=arguments.needs(cmd_rules_clear_state))
+    return rules

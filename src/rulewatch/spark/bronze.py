@@ -1,0 +1,114 @@
+"""Bronze: every landed line (or Kafka record), untouched, plus where and when it came in."""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch.kafka.source import KafkaSource, read_kafka
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.landing import check_landing, check_recorded_source
+from rulewatch.spark.metrics import ensure_metrics_table, record
+from rulewatch.spark.session import is_databricks
+from rulewatch.spark.sinks import append_once
+
+
+def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int | None = None) -> DataFrame:
+    """Stream the landing folder line by line (Auto Loader on Databricks, the file source locally).
+
+    Lines are read as text, not JSON, so a malformed line still reaches bronze and can be
+    quarantined with a reason in silver instead of vanishing in a JSON reader. Subfolders are read
+    too (``2026/11/23/x.jsonl``), without inferring partitions from folder names, so no layout of
+    the landing folder can fail the read; names starting with ``.`` or ``_`` are skipped
+    (landing.py: files still being written, by the landing contract).
+    """
+    if is_databricks():
+        # Auto Loader lists subfolders itself and tracks files in its own state.
+        reader = spark.readStream.format("cloudFiles").option("cloudFiles.format", "text")
+    else:
+        # maxFileAge: the file source otherwise skips, silently, a file whose modification time is a
+        # week older than the newest file it has seen (a backfill copied with its old times).
+        reader = spark.readStream.format("text").option("recursiveFileLookup", "true").option("maxFileAge", "36500d")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    # The text source does not check UTF-8: invalid bytes would reach Parquet (which no reader then
+    # opens) or decode to U+FFFD and merge different keys. Keep the text valid and the bytes exact.
+    utf8 = F.expr("is_valid_utf8(value)")
+    return reader.load(landing).select(
+        F.when(utf8, F.col("value")).otherwise(F.expr("make_valid_utf8(value)")).alias("value"),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.current_timestamp().alias("ingest_time"),
+        F.when(~utf8, F.col("value").cast("binary")).alias("value_bytes"),
+        F.col("_metadata.file_size").alias("source_file_size"),
+        F.col("_metadata.file_modification_time").alias("source_file_mtime"),
+    )
+
+
+# A landing folder (path) or a Kafka topic.
+Source = str | KafkaSource
+
+
+def read_source(spark: SparkSession, source: Source) -> DataFrame:
+    return read_kafka(spark, source) if isinstance(source, KafkaSource) else read_landing(spark, source)
+
+
+def check_source(lakehouse: Lakehouse, source: Source) -> None:
+    """Refuse a source this lakehouse cannot ingest (landing.py says which and why)."""
+    if isinstance(source, KafkaSource):
+        check_recorded_source(lakehouse, source.identity)
+    else:
+        check_landing(lakehouse, source)
+
+
+def numbered(batch: DataFrame) -> DataFrame:
+    """Number the lines of a landing micro-batch (``ingest_seq``); Kafka records keep their offset.
+
+    Numbered in batch context (streams cannot), so "first occurrence wins" follows the order of
+    lines within a file.
+    """
+    if "ingest_seq" in batch.columns:
+        return batch
+    return batch.withColumn("ingest_seq", F.monotonically_increasing_id())
+
+
+def append(lines: DataFrame, lakehouse: Lakehouse, batch_id: int, layer: str = "bronze") -> None:
+    """Append numbered lines to ``bronze/transactions`` as batch ``batch_id`` of query ``layer``."""
+    append_once(lines, lakehouse.bronze_transactions, f"rulewatch.{layer}.transactions", batch_id)
+
+
+def landed_counts(lakehouse: Lakehouse, lines: int) -> dict:
+    """The bronze ``pipeline_metrics`` values of a batch of ``lines`` landed lines."""
+    return {"rows_in": lines, "rows_out": lines, "rows_written": {lakehouse.name_of(lakehouse.bronze_transactions): lines}}
+
+
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+    started = time.time()
+    lines = numbered(batch).persist()
+    try:
+        count = lines.count()
+        append(lines, lakehouse, batch_id)
+        record(batch.sparkSession, lakehouse, "bronze", batch_id, started, **landed_counts(lakehouse, count))
+    finally:
+        lines.unpersist()
+
+
+def start_bronze(
+    spark: SparkSession,
+    source: Source,
+    lakehouse: Lakehouse,
+    available_now: bool = True,
+    processing_time: str | None = None,
+) -> StreamingQuery:
+    """Append landed lines (or Kafka records) to ``bronze/transactions``, idempotently per micro-batch."""
+    ensure_metrics_table(spark, lakehouse)
+    writer = (
+        read_source(spark, source)
+        .writeStream.queryName("rulewatch_bronze")
+        .option("checkpointLocation", lakehouse.checkpoint("bronze"))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
+    return writer.start()

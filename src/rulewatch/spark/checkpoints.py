@@ -1,0 +1,346 @@
+"""Checks a streaming checkpoint against the tables its query writes, before the query starts.
+
+Spark silently starts a query from scratch when its checkpoint folder is missing or empty. For
+rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks (Delta ``txnAppId``
++ ``txnVersion``, see sinks.py) skip every batch id they already hold, and bronze re-ingests every
+landed file. So before a query starts, the last batch planned in its checkpoint must be at least the
+last batch any of its sinks committed; a damaged checkpoint file is reported by path instead of as a
+stack trace from inside Spark. The other way round, every table must still hold every batch the
+checkpoint has committed (a lost Delta commit), and a stateful query its state folders.
+docs/reliability.md has the recovery steps the errors point to.
+
+Both sides are read as plain files, so the check needs a local or mounted path (a UC volume);
+on a ``scheme://`` lakehouse it is skipped. Unity Catalog managed tables (``Lakehouse.schema``)
+give no path to their Delta log: there the tables' side comes through Spark instead
+(:class:`CatalogCommits`), from the (sink, batch) each commit carries as ``userMetadata`` and the
+metrics table's rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+
+from rulewatch.spark.lakehouse import Lakehouse
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+RECOVERY = "see 'Recovery' in docs/reliability.md"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed safely: names the checkpoint and what to do."""
+
+
+def _numbered(folder: Path) -> list[int]:
+    """Batch ids of a checkpoint log folder (``offsets/``, ``commits/``), ignoring temp and crc files."""
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def _check_log_file(path: Path) -> None:
+    """A Spark checkpoint log file is a version line (``v1``) followed by JSON lines."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if not lines or not lines[0].startswith("v"):
+            raise ValueError("no version line")
+        for line in lines[1:]:
+            json.loads(line)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupt ({err}); the query cannot resume from it. "
+            f"Restore the checkpoint folder from a backup or rebuild the layer: {RECOVERY}"
+        ) from None
+
+
+def last_planned_batch(checkpoint: str) -> int:
+    """The newest batch id in ``checkpoint/offsets`` (-1 if none), after checking the files Spark reads first."""
+    root = Path(checkpoint)
+    metadata = root / "metadata"
+    if metadata.exists():
+        try:
+            json.loads(metadata.read_text(encoding="utf-8"))["id"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            raise CheckpointError(
+                f"checkpoint file {metadata} is corrupt (expected JSON with the query id); "
+                f"restore the checkpoint folder from a backup or rebuild the layer: {RECOVERY}"
+            ) from None
+    offsets = _numbered(root / "offsets")
+    if offsets:
+        _check_log_file(root / "offsets" / str(offsets[-1]))
+    commits = _numbered(root / "commits")
+    if commits:
+        _check_log_file(root / "commits" / str(commits[-1]))
+    return offsets[-1] if offsets else -1
+
+
+def _log_versions(log: Path) -> tuple[int, list[int]]:
+    """(newest checkpoint version or -1, the commit versions after it), refusing a gap.
+
+    Delta reads a table as the checkpoint plus every later commit; a commit file missing from that
+    run (removed by hand, lost on object storage) silently drops its rows if it was the newest one,
+    or breaks every read if not. Either way nothing more may be written before it is restored.
+    """
+    checkpoint_version = -1
+    if (log / "_last_checkpoint").exists():
+        checkpoint_version = json.loads((log / "_last_checkpoint").read_text())["version"]
+    versions = sorted(int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name.split(".")[0].isdigit())
+    later = [v for v in versions if v > checkpoint_version]
+    expected = range(checkpoint_version + 1, (later[-1] + 1) if later else checkpoint_version + 1)
+    missing = sorted(set(expected) - set(later))
+    if missing:
+        raise CheckpointError(
+            f"Delta table {log.parent} is missing commit {missing[0]} ({log / f'{missing[0]:020d}.json'}): its rows "
+            f"are no longer part of the table. Do not run until it is restored (from a backup or a versioned "
+            f"bucket), or rebuild the table's layer: {RECOVERY}"
+        )
+    return checkpoint_version, later
+
+
+def _actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's.
+
+    Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
+    cleanup has removed the early commit files.
+    """
+    checkpoint_version, later = _log_versions(log)
+    for part in sorted(log.glob(f"{checkpoint_version:020d}.checkpoint*.parquet")):
+        table = pq.read_table(part, columns=list(kinds))
+        for kind in kinds:
+            yield from ((kind, a) for a in table.column(kind).to_pylist() if a)
+    for version in later:
+        for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
+            action = json.loads(line)
+            yield from ((kind, action[kind]) for kind in kinds if kind in action)
+
+
+def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
+    """``{txnAppId: last txnVersion}`` for the idempotent writers of ``table`` whose id starts with the prefix.
+
+    """
+    log = Path(table, "_delta_log")
+    latest: dict[str, int] = {}
+    for _, txn in _actions(log, ("txn",)) if log.is_dir() else ():
+        if txn["appId"].startswith(app_id_prefix):
+            latest[txn["appId"]] = max(latest.get(txn["appId"], -1), txn["version"])
+    return latest
+
+
+def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
+    """Table -> the newest batch of ``layers`` that appended rows to it, per ``pipeline_metrics``."""
+    log = Path(metrics_table, "_delta_log")
+    live: dict[str, None] = {}
+    for kind, action in _actions(log, ("add", "remove")) if log.is_dir() else ():
+        if kind == "add":
+            live[action["path"]] = None
+        else:
+            live.pop(action["path"], None)
+    newest: dict[str, int] = {}
+    for path in live:
+        part = pq.ParquetFile(Path(metrics_table, unquote(path)))
+        if "rows_written" not in part.schema_arrow.names:
+            continue  # written before the column existed
+        for row in part.read(columns=["layer", "batch_id", "rows_written"]).to_pylist():
+            if row["layer"] in layers:
+                for table, rows in row["rows_written"] or ():
+                    if rows:
+                        newest[table] = max(newest.get(table, -1), row["batch_id"])
+    return newest
+
+
+class Commits(Protocol):
+    """What the checks need to know of the tables' commits."""
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]: ...
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]: ...
+
+
+class LogFiles:
+    """Path tables: their Delta logs and the metrics table's Parquet files, read as files."""
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]:
+        return committed_batches(table, app_id_prefix)
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]:
+        return _rows_written(metrics_table, layers)
+
+
+# A bound on the history read per table: the newest commits are the ones compared, and reading a
+# long-lived table's whole history (one commit per micro-batch) would cost more than the run.
+HISTORY_DEPTH = 1000
+
+
+@dataclass
+class CatalogCommits:
+    """Catalog tables, through Spark: ``DESCRIBE HISTORY`` (the newest ``HISTORY_DEPTH`` commits, each
+    with the ``userMetadata`` ``sinks.append_once`` gives it) and the metrics table read as a table."""
+
+    spark: "SparkSession"
+
+    def committed_batches(self, table: str, app_id_prefix: str) -> dict[str, int]:
+        from rulewatch.spark import tables
+
+        if not tables.exists(self.spark, table):
+            return {}
+        latest: dict[str, int] = {}
+        history = self.spark.sql(f"DESCRIBE HISTORY {tables.table_ref(table)} LIMIT {HISTORY_DEPTH}")
+        for row in history.where("userMetadata IS NOT NULL").select("userMetadata").collect():
+            try:
+                txn = json.loads(row.userMetadata)
+                app_id, version = txn["txnAppId"], int(txn["txnVersion"])
+            except (ValueError, KeyError, TypeError):
+                continue  # someone else's metadata
+            if isinstance(app_id, str) and app_id.startswith(app_id_prefix):
+                latest[app_id] = max(latest.get(app_id, -1), version)
+        return latest
+
+    def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]:
+        from pyspark.sql import functions as F
+
+        from rulewatch.spark import tables
+
+        if not tables.exists(self.spark, metrics_table):
+            return {}
+        written = (
+            tables.read(self.spark, metrics_table)
+            .where(F.col("layer").isin(layers))
+            .select("batch_id", F.explode("rows_written").alias("table", "rows"))
+            .where(F.col("rows") > 0)
+            .groupBy("table")
+            .agg(F.max("batch_id").alias("batch_id"))
+        )
+        return {row.table: row.batch_id for row in written.collect()}
+
+
+def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Commits = LogFiles()) -> None:
+    """Fail with a clear error unless ``checkpoint`` is readable and not behind any of its ``sinks``.
+
+    ``sinks``: (table, ``txnAppId`` prefix) pairs the query writes with (sinks.py); only those
+    writers are compared, so a table another query also writes is fine.
+    """
+    if "://" in checkpoint:
+        return
+    planned = last_planned_batch(checkpoint)
+    for table, app_id_prefix in sinks:
+        for app_id, version in commits.committed_batches(table, app_id_prefix).items():
+            if version > planned:
+                state = "is missing or empty" if planned < 0 else f"has batches only up to {planned}"
+                raise CheckpointError(
+                    f"checkpoint {checkpoint} {state}, but {table} already holds batch {version} of {app_id}. "
+                    "Starting from it would number new batches from an old id, and the idempotent writes would "
+                    f"skip them (data loss). Do not run until the checkpoint is restored or the layer rebuilt: {RECOVERY}"
+                )
+
+
+# The pipeline_metrics rows each query writes, by layer (the ingest query writes both of its layers').
+QUERY_LAYERS = {"bronze": ["bronze"], "silver": ["silver"], "ingest": ["bronze", "silver"], "gold": ["gold"]}
+STATEFUL = {"gold"}
+
+
+def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[str, str]], commits: Commits = LogFiles()) -> None:
+    """Fail unless every table holds every batch the query's checkpoint says it committed.
+
+    The other direction of ``check_checkpoint``: a lost commit (the newest one of a table) would
+    otherwise go unnoticed, because the checkpoint never replays a committed batch. Every batch
+    writes a ``pipeline_metrics`` row naming the rows it appended per table, so: the metrics table
+    must hold the checkpoint's last committed batch, and each table the newest batch that wrote to it.
+    """
+    checkpoint = Path(lakehouse.checkpoint(query))
+    committed = _numbered(checkpoint / "commits")
+    if "://" in lakehouse.root or not committed or query not in QUERY_LAYERS:
+        return
+    if query in STATEFUL:
+        _check_state(checkpoint, committed[-1])
+    metrics = lakehouse.pipeline_metrics
+    recorded = max(commits.committed_batches(metrics, f"rulewatch.metrics.{query}").values(), default=-1)
+    if recorded < committed[-1]:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
+            f"rows only up to batch {recorded}: commits of that table are lost. Do not run until they are restored "
+            f"or the layer rebuilt: {RECOVERY}"
+        )
+    newest = commits.rows_written(metrics, QUERY_LAYERS[query])
+    for table, app_id_prefix in sinks:
+        wrote = newest.get(lakehouse.name_of(table), -1)
+        holds = max(commits.committed_batches(table, app_id_prefix).values(), default=-1)
+        if holds < wrote:
+            raise CheckpointError(
+                f"{table} has lost rows: batch {wrote} of the {query} query appended to it (gold/pipeline_metrics), "
+                f"but its newest commit from that query is batch {holds}. A commit was removed or lost; do not run "
+                f"until it is restored or the layer rebuilt: {RECOVERY}"
+            )
+
+
+def _check_state(checkpoint: Path, last_committed: int) -> None:
+    """A stateful query that has committed a batch must still have its state store folders."""
+    offsets = checkpoint / "offsets" / str(max(_numbered(checkpoint / "offsets")))
+    conf = json.loads(offsets.read_text(encoding="utf-8").splitlines()[1]).get("conf", {})
+    partitions = int(conf.get("spark.sql.shuffle.partitions", "0"))
+    missing = [p for p in range(partitions) if not (checkpoint / "state" / "0" / str(p)).is_dir()]
+    if missing or not (checkpoint / "state").is_dir():
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has committed batch {last_committed} but its state "
+            f"({checkpoint / 'state'}{f', partitions {missing}' if missing else ''}) is gone: the evaluator would "
+            f"start without the windows it holds and miss alerts. Restore the folder, or rebuild gold: {RECOVERY}"
+        )
+
+
+def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
+    """Checkpoint name -> the (table, txnAppId prefix) pairs its query writes.
+
+    Tables a batch adds nothing to get no commit, but every batch of a layer writes its
+    ``pipeline_metrics`` row, so the newest batch always shows there.
+    """
+    silver = [lakehouse.silver_transactions, lakehouse.silver_quarantine, lakehouse.silver_duplicates]
+    gold = [lakehouse.alerts, lakehouse.window_metrics, lakehouse.late_events, lakehouse.rule_errors]
+    tables = {
+        "bronze": [lakehouse.bronze_transactions],
+        "silver": silver,
+        "ingest": [lakehouse.bronze_transactions, *silver],
+        "gold": gold,
+    }
+    sinks = {
+        query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}")]
+        for query, written in tables.items()
+    }
+    sinks["rule_history"] = [(lakehouse.rule_history, "rulewatch.gold.rule_history")]
+    return sinks
+
+
+# The job ingests the landing folder with the bronze and silver queries, live mode with the one
+# ingest query (ingest.py). Each reads every landed file, so a lakehouse used both ways would hold
+# every line twice.
+INGEST_WAYS = {"bronze": "the batch job", "silver": "the batch job", "ingest": "live mode (rulewatch stream / demo)"}
+
+
+def _check_one_ingest_way(lakehouse: Lakehouse, query: str) -> None:
+    if query not in INGEST_WAYS:
+        return
+    for other, way in INGEST_WAYS.items():
+        if way != INGEST_WAYS[query] and Path(lakehouse.checkpoint(other)).exists():
+            raise CheckpointError(
+                f"{lakehouse.root} was ingested by {way} (checkpoint {lakehouse.checkpoint(other)}); "
+                f"{INGEST_WAYS[query]} would read every landed file again. Use another lakehouse folder for it."
+            )
+
+
+def check_queries(lakehouse: Lakehouse, *queries: str, spark: "SparkSession | None" = None) -> None:
+    """``check_checkpoint`` for each named rulewatch query (bronze, silver, ingest, gold, rule_history) of ``lakehouse``.
+
+    Also refuses to start an ingest query on a lakehouse the other ingest way has used. A lakehouse
+    of catalog tables needs ``spark`` to see their commits."""
+    if lakehouse.schema and spark is None:
+        raise ValueError(f"checking the catalog tables of {lakehouse.schema} needs a SparkSession (spark=...)")
+    commits: Commits = CatalogCommits(spark) if lakehouse.schema else LogFiles()
+    sinks = _query_sinks(lakehouse)
+    for query in queries:
+        _check_one_ingest_way(lakehouse, query)
+        check_checkpoint(lakehouse.checkpoint(query), sinks[query], commits)
+        check_tables_not_behind(lakehouse, query, sinks[query], commits)

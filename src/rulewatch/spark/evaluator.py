@@ -1,0 +1,396 @@
+"""The stateful processor: RocksDB state around the pure batch engine, one call per hash shard.
+
+Grouping by a hash shard of the key (not by the key) is deliberate: a Python call per key costs
+milliseconds, so each call evaluates all keys of a shard at once with numpy (docs/design.md).
+
+State per shard:
+- ``rules``   (ValueState): the rule book, built from the rules table's change feed (the rules
+  stream is broadcast to every shard, like Flink's broadcast state).
+- ``history`` (MapState state key -> blob): retained events + per-rule memory of one key. Only the
+  keys a batch touches are read and written, so write cost follows the keys touched.
+- ``expiry``  (MapState time -> keys): which keys may become empty at an event time, with one
+  event-time timer per rounded time, so idle keys are purged without scanning the shard.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zlib
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+import pandas as pd
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+from rulewatch.spark.commands import CLEAR_STATE
+from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
+from rulewatch.spark.packing import PACKED_COLUMN, unpack
+from rulewatch.spark.schema import RULE_FIELDS
+from rulewatch.spark.state_batch import batched_map, pipeline_requested
+from rulewatch.engine.windows import MAX_SPAN_MS
+
+_KEY = StructType([StructField("key", StringType())])
+_BLOB = StructType([StructField("blob", BinaryType())])
+_TEXT = StructType([StructField("text", StringType())])
+_TIME = StructType([StructField("at", LongType())])
+
+
+def _python(value: Any) -> Any:
+    """Arrow hands rule rows over as numpy scalars/arrays and map entries as tuples; integer
+    columns that also carry event rows (all null there) arrive as floats."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, np.floating) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_python(v) for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], tuple):
+        return dict(value)
+    return value
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    # Object columns keep None as None; a default frame would turn missing values into NaN floats.
+    return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in OUTPUT_COLUMNS})
+
+
+# Index entries (and timers) one call may add. A batch spanning hours of event time (a backfill)
+# would otherwise index its keys under hundreds of times, each a state read, write and timer.
+MAX_INDEX_ENTRIES = 16
+
+
+def expiry_buckets(expiry_ms: dict[str, int], steps: dict[str, int], max_entries: int = MAX_INDEX_ENTRIES) -> dict[int, set[str]]:
+    """Index time -> state keys to re-check then: each key's expiry rounded up to its keyset's step.
+
+    ``steps`` maps a keyset (the state key's prefix) to its rounding step. While that gives more
+    than ``max_entries`` times, every step doubles: a key is then purged later, never earlier.
+    """
+    factor = 1
+    while True:
+        buckets: dict[int, set[str]] = {}
+        for key, at in expiry_ms.items():
+            step = steps[key.split(KEY_SEPARATOR, 1)[0]] * factor
+            buckets.setdefault(min(-(-at // step) * step, MAX_SPAN_MS), set()).add(key)
+        if len(buckets) <= max_entries:
+            return buckets
+        factor *= 2
+
+
+# First line of an expiry index entry: the span (retention or memory, whichever is longer) each
+# keyset's keys were indexed with, as JSON. Entries written before it have none: their keys are read.
+_SPANS = "\x01"
+
+
+def _span(book: RuleBook, keyset: str) -> int:
+    return max(book.retention_ms(keyset), book.memory_ms(keyset))
+
+
+def _entry(spans: dict[str, int] | None, keys: set[str]) -> str:
+    lines = sorted(keys)
+    return "\n".join(lines if spans is None else [_SPANS + json.dumps(spans, sort_keys=True), *lines])
+
+
+def _read_entry(text: str) -> tuple[dict[str, int] | None, set[str]]:
+    """An index entry's spans (None: an entry from before they were kept) and keys."""
+    lines = text.split("\n")
+    if lines[0].startswith(_SPANS):
+        return json.loads(lines[0][len(_SPANS):]), set(lines[1:])
+    return None, set(lines)
+
+
+# The per-key layout's record of which keys a shard stores, kept under a history key no state key
+# can take (state keys start with a keyset, which never starts with "#").
+_MEMBERS = "#members"
+
+
+class HistoryStore:
+    """State key -> history blob over one MapState, in one of two layouts.
+
+    ``slots == 0``: one entry per key, so a batch reads and writes exactly the keys it touches.
+    It also keeps the shard's set of stored keys in one entry, so a key never seen (or already
+    purged) costs no read and deleting it no call: with many keys, most keys a batch touches are
+    new. Shards whose state predates that entry read every key, as before.
+    ``slots > 0``: keys hashed into that many entries per shard, so a batch pays one state round
+    trip per touched slot instead of per key, but rewrites every key sharing a touched slot. That
+    wins when most keys are touched every batch and loses when few of many keys are
+    (docs/benchmarks.md). The layout is fixed per checkpoint.
+
+    Reads and writes go by the batch (state_batch.py): pipelined on the state socket when
+    ``pipeline`` is set and pyspark's internals allow it, one round trip per entry otherwise.
+    Call ``open`` at the start of every handler call (state is per shard) and ``flush`` at its end.
+    """
+
+    def __init__(self, state: MapState, slots: int, pipeline: bool) -> None:
+        self.state = batched_map(state, pipeline)
+        self.slots = slots
+        self._loaded: dict[str, dict[str, bytes]] = {}
+        self._dirty: set[str] = set()
+        self._members: set[str] | None = None
+        self._members_changed = False
+        self.rows_written = 0
+        self.bytes_written = 0
+
+    def open(self, fresh: bool) -> None:
+        """Start a handler call; ``fresh``: this shard has stored nothing yet."""
+        self._members, self._members_changed = None, False
+        if self.slots:
+            return
+        if fresh:
+            self._members, self._members_changed = set(), True
+            return
+        (stored,) = self.state.get_many([(_MEMBERS,)])
+        if stored is not None:
+            self._members = set(pickle.loads(stored[0]))
+
+    def _slot(self, key: str) -> str:
+        return f"#slot{zlib.crc32(key.encode()) % self.slots}"
+
+    def _load_slots(self, slots: Iterable[str]) -> None:
+        missing = [slot for slot in dict.fromkeys(slots) if slot not in self._loaded]
+        for slot, stored in zip(missing, self.state.get_many([(slot,) for slot in missing])):
+            self._loaded[slot] = pickle.loads(stored[0]) if stored else {}
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Each key's blob (None: nothing stored)."""
+        if not self.slots:
+            wanted = list(dict.fromkeys(keys))
+            members = self._members
+            found: dict[str, bytes | None] = dict.fromkeys(wanted)
+            stored_keys = wanted if members is None else [key for key in wanted if key in members]
+            stored = self.state.get_many([(key,) for key in stored_keys])
+            found.update((key, value[0] if value else None) for key, value in zip(stored_keys, stored))
+            return found
+        slot_of = {key: self._slot(key) for key in keys}
+        self._load_slots(slot_of.values())
+        return {key: self._loaded[slot].get(key) for key, slot in slot_of.items()}
+
+    def put_many(self, blobs: Mapping[str, bytes | None]) -> None:
+        """Store each key's blob; None deletes the key."""
+        if not self.slots:
+            members = self._members
+            if members is not None:
+                blobs = {key: blob for key, blob in blobs.items() if blob is not None or key in members}
+                for key, blob in blobs.items():
+                    if blob is None:
+                        members.discard(key)
+                    else:
+                        members.add(key)
+                self._members_changed |= bool(blobs)
+            self._write(list(blobs.items()))
+            return
+        slot_of = {key: self._slot(key) for key in blobs}
+        self._load_slots(slot_of.values())
+        for key, blob in blobs.items():
+            entries = self._loaded[slot_of[key]]
+            if blob is None:
+                entries.pop(key, None)
+            else:
+                entries[key] = blob
+            self._dirty.add(slot_of[key])
+
+    def flush(self) -> None:
+        entries = {slot: self._loaded[slot] for slot in self._dirty}
+        writes = [(slot, pickle.dumps(e, protocol=5) if e else None) for slot, e in entries.items()]
+        if self._members is not None and self._members_changed:
+            # Sorted: the same keys give the same bytes whatever the worker's string hash seed.
+            writes.append((_MEMBERS, pickle.dumps(sorted(self._members), protocol=5)))
+        self._write(writes)
+        self._loaded.clear()
+        self._dirty.clear()
+        self._members_changed = False
+
+    def _write(self, blobs: list[tuple[str, bytes | None]]) -> None:
+        self.state.write_many([((key,), None if blob is None else (blob,)) for key, blob in blobs])
+        for _, blob in blobs:
+            if blob is not None:
+                self.rows_written += 1
+                self.bytes_written += len(blob)
+
+
+class RuleProcessor(StatefulProcessor):
+    """Evaluates every active rule on every event of a shard over its exact look-back window."""
+
+    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None) -> None:
+        self.granularity = cleanup_granularity_ms
+        self.state_slots = state_slots
+        # The query's watermark delay (None: unknown): the next batch's watermark is at least this
+        # batch's newest event time minus it, so keys expiring before that need not be written.
+        self.lateness_ms = lateness_ms
+        # Read where the query is built (driver or Connect client) and pickled with the processor:
+        # the Python workers' environment is not the caller's to set.
+        self.state_pipeline = pipeline_requested()
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.rules = handle.getValueState("rules", _TEXT)
+        self.history_map = handle.getMapState("history", _KEY, _BLOB)
+        self.history = HistoryStore(self.history_map, self.state_slots, self.state_pipeline)
+        self.layout = handle.getValueState("layout", _TEXT)
+        self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
+        self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
+
+    def _book(self) -> RuleBook:
+        stored = self.rules.get()
+        text = stored[0] if stored else None
+        if text != self._book_cache[0]:
+            self._book_cache = (text, RuleBook.from_json(text))
+        return self._book_cache[1]
+
+    def _apply_rule_changes(self, changes: pd.DataFrame, report_errors: bool) -> list[dict]:
+        book = self._book()
+        errors: list[dict] = []
+        records = changes.sort_values("commit_version", kind="stable").to_dict("records")
+        # A pre-image only matters when its rule id has no post-image in the same commit
+        # (UPDATE ... SET ruleId = 8 WHERE ruleId = 7): then rule 7 is gone.
+        kept_ids = {
+            (int(r["commit_version"]), _python(r["ruleId"])) for r in records if r["change_type"] == "update_postimage"
+        }
+        for row in records:
+            body = {f: _python(row.get(f)) for f in RULE_FIELDS}
+            version = int(row["commit_version"])
+            change = str(row["change_type"])
+            if change == "update_preimage":
+                if (version, body["ruleId"]) in kept_ids:
+                    continue
+                change = "delete"
+            err = book.apply(change, body, version)
+            if err is not None and report_errors:
+                errors.append({
+                    "kind": "rule_error", "rule_id": err.rule_id, "rule_version": version,
+                    "detail": str(err), "aggregator": err.field,
+                })  # fmt: skip
+        self._save_book(book)
+        return errors
+
+    def _apply_commands(self, commands: pd.DataFrame) -> None:
+        book = self._book()
+        for row in commands.to_dict("records"):
+            if row["command"] == CLEAR_STATE:
+                rule_id = _python(row["command_rule_id"])
+                book.clear(None if pd.isna(rule_id) else int(rule_id), int(_python(row["clear_before_ms"])))
+        self._save_book(book)
+
+    def _save_book(self, book: RuleBook) -> None:
+        text = book.to_json()
+        self.rules.update((text,))
+        self._book_cache = (text, book)
+
+    def _check_layout(self) -> bool:
+        """Whether this shard is new (nothing stored yet); raises if its layout is not this one's."""
+        wanted = f"slots={self.state_slots}"
+        stored = self.layout.get()
+        if stored is None:
+            self.layout.update((wanted,))
+            # Checkpoints from before the layout was recorded hold history without it.
+            return not self.history_map.exists()
+        if stored[0] != wanted:
+            raise ValueError(
+                f"this checkpoint's evaluator state was written with {stored[0]}, not {wanted}; "
+                "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
+            )
+        return False
+
+    def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
+        # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
+        # number of index entries and timers per batch small; a key is purged at most that late.
+        steps: dict[str, int] = {}
+        for key in expiry_ms:
+            keyset = key.split(KEY_SEPARATOR, 1)[0]
+            if keyset not in steps:
+                eighth = book.retention_ms(keyset) // 8
+                steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
+        for bucket, keys in expiry_buckets(expiry_ms, steps).items():
+            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in {key.split(KEY_SEPARATOR, 1)[0] for key in keys}}
+            existing = self.expiry.getValue((bucket,))
+            if existing:
+                old_spans, old_keys = _read_entry(existing[0])
+                keys |= old_keys
+                # The narrowest span any of its keys was indexed with; an old entry stays without.
+                spans = None if old_spans is None else {**old_spans, **{ks: min(span, old_spans.get(ks, span)) for ks, span in spans.items()}}  # type: ignore[union-attr]
+            self.expiry.updateValue((bucket,), (_entry(spans, keys),))
+            self.handle.registerTimer(bucket)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        batch = pd.concat(list(rows), ignore_index=True)
+        out: list[dict] = []
+        is_rule = batch["change_type"].notna()
+        is_command = batch["command"].notna()
+        if is_rule.any():
+            out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
+        if is_command.any():
+            self._apply_commands(batch[is_command])
+        packed = batch[PACKED_COLUMN].dropna()
+        if not packed.empty:
+            events = unpack(packed)
+            self.history.open(fresh=self._check_layout())
+            book = self._book()
+            # Every key the engine can ask for, read as one batch. Late events' keys are included
+            # (a few reads more); a key outside the batch raises instead of reading as empty.
+            stored = self.history.get_many((events["keyset"] + KEY_SEPARATOR + events["group_key"]).unique())
+            watermark = timerValues.getCurrentWatermarkInMs()
+            next_watermark = 0
+            if self.lateness_ms is not None:
+                next_watermark = max(watermark, int(events["eventTime"].max()) - self.lateness_ms, 0)
+            result = evaluate_batch(events, book, stored.__getitem__, watermark, next_watermark)
+            self.history.rows_written = self.history.bytes_written = 0
+            self.history.put_many(result.writes)
+            self.history.flush()
+            self._index_expiry(result.expiry_ms, book)
+            out.extend(result.rows)
+            out.append(self._stats(len(events), len(result.writes), book))
+        if out:
+            yield _frame(out)
+
+    def _stats(self, events: int, keys_touched: int, book: RuleBook) -> dict:
+        """What this call did, summed over shards into gold/pipeline_metrics."""
+        return {
+            "kind": "stats", "event_count": events, "keys_touched": keys_touched,
+            "state_rows": self.history.rows_written, "state_bytes": self.history.bytes_written,
+            "active_rules": sum(len(rules) for rules in book.active_by_keyset().values()),
+            "rule_version": max((version for _, version in book.rules.values()), default=None),
+        }  # fmt: skip
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        at = expiredTimerInfo.getExpiryTimeInMs()
+        self.history.open(fresh=False)
+        entry = self.expiry.getValue((at,))
+        self.expiry.removeKey((at,))
+        watermark = timerValues.getCurrentWatermarkInMs()
+        book = self._book()
+        spans, keys = _read_entry(entry[0]) if entry else ({}, set())
+        purged: dict[str, bytes | None] = {}
+        if spans is not None and watermark > at:
+            # A key indexed again under a later time was touched since (it is checked then); any
+            # other key's newest expiry is at or before this time, so it goes unread, unless a
+            # rule wider than the ones it was indexed with has arrived since.
+            later = set().union(*(_read_entry(value[0])[1] for (time,), value in self.expiry.iterator() if time > at))
+            unread = {k for k in keys - later if _span(book, k.split(KEY_SEPARATOR, 1)[0]) <= spans.get(k.split(KEY_SEPARATOR, 1)[0], -1)}
+            purged = dict.fromkeys(unread)
+            keys -= later | unread
+        still_alive: dict[str, int] = {}
+        for state_key, blob in self.history.get_many(keys).items():
+            if blob is None:
+                continue
+            cols, memory = decode_history(blob)
+            keyset = state_key.split(KEY_SEPARATOR, 1)[0]
+            last = newest_time(cols["eventTime"], memory)
+            expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
+            if expires < watermark:
+                purged[state_key] = None
+            else:
+                # Touched again, or a wider rule arrived since it was indexed.
+                still_alive[state_key] = expires
+        self.history.put_many(purged)
+        self.history.flush()
+        self._index_expiry(still_alive, book)
+        yield from ()
+
+    def close(self) -> None:
+        pass

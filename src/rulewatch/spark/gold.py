@@ -1,0 +1,270 @@
+"""Gold: silver events + the rules change feed -> stateful evaluator -> alerts, metrics, late events.
+
+Flow: silver stream -> watermark -> fan out per keyset (keying.py) -> union with every rule change
+broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator.py) ->
+one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks.py).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch.spark import schema, tables
+from rulewatch.spark.commands import command_stream, ensure_commands_table
+from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
+from rulewatch.spark.evaluator import RuleProcessor
+from rulewatch.kafka import alerts as kafka_alerts
+from rulewatch.kafka.client import KafkaTopic
+from rulewatch.spark.keying import fan_out, keysets
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.packing import pack
+from rulewatch.spark.metrics import ensure_metrics_table, latency_columns, record
+from rulewatch.engine.rules import parse_duration
+from rulewatch.spark.rules_table import ensure_rules_table
+from rulewatch.spark.session import session_confs
+from rulewatch.spark.settings import GoldSettings
+from rulewatch.spark.sinks import append_once, batch_column, crash_point, together
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    lateness_ms = parse_duration(settings.allowed_lateness)
+    reader = spark.readStream.format("delta")
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions)
+    # The watermark column is projected away before the stateful operator: Spark would otherwise
+    # drop rows behind the watermark silently, and late events must be recorded with a reason.
+    watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    fanned = fan_out(watermarked, keysets(tables.read(spark, lakehouse.rules)), settings.shards)
+    amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
+    return fanned.select(
+        "shard",
+        "keyset",
+        "group_key",
+        F.unix_millis("event_time").alias("eventTime"),
+        F.unix_millis("ingest_time").alias("ingestTime"),
+        *[F.col(c).alias(f) for f, c in schema.FIELD_COLUMNS.items() if f != "paymentAmount"],
+        F.coalesce(amount_units, F.lit(0)).alias("paymentAmount"),
+        F.col("payment_amount").isNull().alias("paymentAmount_null"),
+    )
+
+
+def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    changes = (
+        tables.read_stream(
+            spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0), lakehouse.rules
+        )
+        # Underscore-led names do not survive the trip to pandas; rename them.
+        .select(
+            *schema.RULE_FIELDS,
+            F.col("_change_type").alias("change_type"),
+            F.col("_commit_version").alias("commit_version"),
+        )
+    )
+    return _to_every_shard(spark, changes, settings)
+
+
+def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettings) -> DataFrame:
+    # Every shard needs every rule change and command: broadcast by fanning out to all shards.
+    return stream.crossJoin(spark.range(settings.shards).withColumnRenamed("id", "shard"))
+
+
+def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
+    stream = (
+        pack(_events(spark, lakehouse, settings))
+        .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
+        .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
+    )
+    processor = RuleProcessor(
+        parse_duration(settings.cleanup_granularity), settings.state_slots, parse_duration(settings.allowed_lateness)
+    )
+    return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
+
+
+def _ts(col: str) -> F.Column:
+    return F.timestamp_millis(F.col(col))
+
+
+StateTotals = Callable[[], tuple[int | None, int | None]]
+
+
+def write_batch(
+    out: DataFrame,
+    batch_id: int,
+    lakehouse: Lakehouse,
+    state_totals: StateTotals | None = None,
+    alerts_topic: KafkaTopic | None = None,
+) -> None:
+    """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
+    started = time.time()
+    out = out.persist()
+    try:
+        batch = batch_column("gold_batch_id", batch_id)
+        decision = F.current_timestamp()
+        alerts = out.where("kind = 'alert'").select(
+            F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
+            "rule_id",
+            "rule_version",
+            F.col("detail").alias("rule_description"),
+            "group_key",
+            F.map_from_arrays(F.split("keyset", ","), "key_values").alias("key_parts"),
+            "transaction_id",
+            _ts("event_ms").alias("event_time"),
+            _ts("ingest_ms").alias("ingest_time"),
+            "aggregator",
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            "event_count",
+            "distinct_values",
+            decision.alias("decision_time"),
+            (F.unix_millis(decision) - F.col("ingest_ms")).alias("latency_ms"),
+            batch,
+        )
+        metrics = out.where("kind = 'metric'").select(
+            "rule_id",
+            "rule_version",
+            "group_key",
+            _ts("event_ms").alias("event_time"),
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("max_aggregate").cast(schema.AGGREGATE).alias("max_aggregate"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            "event_count",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            batch,
+        )
+        late = out.where("kind = 'late'").select(
+            "transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason"), batch
+        )
+        errors = out.where("kind = 'rule_error'").select(
+            "rule_id",
+            F.col("rule_version").alias("commit_version"),
+            F.col("aggregator").alias("field"),
+            F.col("detail").alias("reason"),
+            batch,
+        )
+        counts = _counts(out)
+        fired = counts.pop("fired")
+        # A table this batch adds nothing to gets no commit (each costs a Delta state
+        # reconstruction); the others are written at once, alerts not waiting behind the metrics.
+        written: dict[str, int] = {}
+        writes = []
+        for frame, path, sink, rows in [
+            (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
+            (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics")),
+            (late, lakehouse.late_events, "late_events", counts["late_events"]),
+            (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
+        ]:
+            writes.append(partial(append_once, frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows))
+            written[lakehouse.name_of(path)] = rows
+        if alerts_topic and counts["alerts"]:
+            writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
+        together(writes)
+        committed_ms = round(time.time() * 1000)
+        rows_total, bytes_total = state_totals() if state_totals else (None, None)
+        record(
+            out.sparkSession, lakehouse, "gold", batch_id, started,
+            **counts,
+            rows_out=counts["alerts"],
+            rows_written=written,
+            state_rows_total=rows_total,
+            state_bytes_total=bytes_total,
+            **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
+        )  # fmt: skip
+    finally:
+        out.unpersist()
+
+
+def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse: Lakehouse, batch_id: int, topic: KafkaTopic) -> None:
+    append()
+    # After the Delta commit, so a replay re-publishes rather than loses (at least once); the
+    # committed rows, so the topic carries the table's decision_time on every replay.
+    kafka_alerts.publish(kafka_alerts.committed(spark, lakehouse.alerts, batch_id), topic)
+    crash_point("rulewatch.kafka.alerts", batch_id, "after")
+
+
+def _counts(out: DataFrame) -> dict[str, Any]:
+    """Row counts per output table, the batch's evaluator statistics and the alerts' times, in one pass."""
+    kind = F.col("kind")
+    return (
+        out.groupBy()
+        .agg(
+            F.count(F.when(kind == "alert", 1)).alias("alerts"),
+            F.collect_list(F.when(kind == "alert", F.struct("ingest_ms", "event_ms"))).alias("fired"),
+            F.count(F.when(kind == "metric", 1)).alias("metrics"),
+            F.count(F.when(kind == "late", 1)).alias("late_events"),
+            F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
+            _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
+            _total("keys_touched").alias("keys_touched"),
+            _total("state_rows").alias("state_rows_written"),
+            _total("state_bytes").alias("state_bytes_written"),
+            F.max("active_rules").alias("active_rules"),
+            F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
+        )
+        .first()
+        .asDict()
+    )
+
+
+def _total(col: str | F.Column) -> F.Column:
+    return F.coalesce(F.sum(col), F.lit(0)).cast("long")
+
+
+def _state_totals_of(holder: dict) -> StateTotals:
+    """State size as of the query's last finished batch (the running batch has not reported yet).
+
+    Only a classic session can see its query from inside ``foreachBatch``; elsewhere: unknown."""
+
+    def totals() -> tuple[int | None, int | None]:
+        progress = holder["query"].lastProgress if "query" in holder else None
+        if not progress:
+            return None, None
+        operators = progress.get("stateOperators") or []
+        return sum(op.get("numRowsTotal", 0) for op in operators), sum(op.get("memoryUsedBytes", 0) for op in operators)
+
+    return totals
+
+
+def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    ensure_rules_table(spark, lakehouse)
+    ensure_commands_table(spark, lakehouse)
+    tables.ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
+    tables.ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
+    tables.ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
+    tables.ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
+    ensure_metrics_table(spark, lakehouse)
+
+
+def start_gold(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    settings: GoldSettings = GoldSettings(),
+    available_now: bool = True,
+    processing_time: str | None = None,
+) -> StreamingQuery:
+    ensure_gold_tables(spark, lakehouse)
+    holder: dict = {}
+    totals = _state_totals_of(holder)
+    writer = (
+        evaluated(spark, lakehouse, settings)
+        .writeStream.queryName("rulewatch_gold")
+        .option("checkpointLocation", lakehouse.checkpoint("gold"))
+        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
+    with session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()}):
+        holder["query"] = writer.start()
+    return holder["query"]

@@ -1,0 +1,184 @@
+"""The landing folder's side of "every landed line is accounted for".
+
+Bronze proves every line it holds reached silver, quarantine or duplicates; this module proves the
+files got into bronze whole. It compares three views of each file: the folder now, the files the
+stream source listed (its checkpoint log), and what bronze recorded when it read the file (its size
+and modification time). What cannot be reconciled is reported by path:
+
+- listed by the source but gone before it was read (the source then reads nothing, silently);
+- changed after it was read: a writer still appending, a torn last line completed later (the file
+  source never reads a path twice, so the later lines would be lost);
+- on disk before the run started, yet never listed.
+
+The landing contract (docs/reliability.md): write a file under a name starting with ``.`` or ``_``
+and rename it when complete. Such names are skipped by the reader and listed here as ignored.
+Only a local or mounted landing folder is audited; on ``scheme://`` paths Auto Loader tracks files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
+
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark import tables
+
+# A file's modification time may trail the moment it became visible by the file system's
+# timestamp granularity; within this much of the run's start a never-listed file counts as pending.
+MTIME_SLACK_S = 2.0
+
+
+class LandingError(RuntimeError):
+    """The landing folder cannot be ingested into this lakehouse as given: names it and the fix."""
+
+
+@dataclass
+class LandingReport:
+    files: int = 0
+    problems: list[str] = field(default_factory=list)  # lines that were landed but are not in bronze
+    pending: list[str] = field(default_factory=list)  # landed after the run listed the folder
+    ignored: list[str] = field(default_factory=list)  # hidden / underscore names (landing contract)
+
+    def lines(self) -> list[str]:
+        out = [f"landing files    {self.files}" + (f" (+{len(self.ignored)} ignored: name starts with . or _)" if self.ignored else "")]
+        out += [f"  NOT INGESTED: {p}" for p in self.problems]
+        out += [f"  pending: {p}" for p in self.pending]
+        return out
+
+
+def local_path(uri: str) -> str:
+    """``file:/a%20b/c`` (Spark's spelling of a file) -> ``/a b/c``."""
+    return unquote(urlparse(uri).path) if "://" in uri or uri.startswith("file:") else uri
+
+
+def _skipped(relative: Path) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.parts)
+
+
+def scan(landing: str) -> tuple[dict[str, os.stat_result], list[str]]:
+    """Files under ``landing`` the reader takes (path -> stat) and the ones it skips by name."""
+    root = Path(landing)
+    taken: dict[str, os.stat_result] = {}
+    ignored: list[str] = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            if _skipped(path.relative_to(root)):
+                ignored.append(str(path))
+            else:
+                try:
+                    taken[str(path)] = path.stat()
+                except FileNotFoundError:  # removed while we looked: like never landed
+                    pass
+    return taken, sorted(ignored)
+
+
+def listed_files(checkpoint: str) -> set[str]:
+    """Every file the query's file source has listed, from its checkpoint log (``sources/0``)."""
+    log = Path(checkpoint, "sources", "0")
+    files: set[str] = set()
+    for entry in sorted(log.iterdir()) if log.is_dir() else ():
+        if entry.name.split(".")[0].isdigit() and not entry.name.endswith(".tmp"):
+            for line in entry.read_text(encoding="utf-8").splitlines()[1:]:
+                files.add(local_path(json.loads(line)["path"]))
+    return files
+
+
+def audit(spark: SparkSession, lakehouse: Lakehouse, landing: str, query: str, started: float) -> LandingReport:
+    """Reconcile the landing folder with bronze after query ``query`` (bronze or ingest) read it.
+
+    ``started``: ``time.time()`` when that query started listing; files newer than that are pending.
+    """
+    if "://" in landing:
+        return LandingReport()
+    on_disk, ignored = scan(landing)
+    listed = listed_files(lakehouse.checkpoint(query))
+    read = {
+        local_path(r.source_file): r
+        for r in tables.read(spark, lakehouse.bronze_transactions)
+        .groupBy("source_file")
+        .agg(F.max("source_file_size").alias("size"), F.unix_millis(F.max("source_file_mtime")).alias("mtime_ms"))
+        .collect()
+    }
+    report = LandingReport(files=len(on_disk), ignored=ignored)
+    for path in sorted(listed | set(on_disk)):
+        stat = on_disk.get(path)
+        problem = _reconcile(path, stat, path in listed, read.get(path), started)
+        if problem == "pending":
+            report.pending.append(f"{path} landed after the run listed the folder; the next run reads it")
+        elif problem:
+            report.problems.append(problem)
+    return report
+
+
+def _reconcile(path: str, stat: os.stat_result | None, listed: bool, read: Row | None, started: float) -> str | None:
+    """What went wrong with one file (None: nothing), or "pending" for a file newer than the run."""
+    if read is None:
+        if stat is None:
+            return f"{path} was listed but gone before it was read: its lines never reached bronze"
+        if stat.st_size == 0:
+            return None  # nothing to ingest (yet); a later growth shows up once it has bytes
+        if listed:
+            return (f"{path} was empty when it was read and has {stat.st_size:,} bytes now: those lines were never "
+                    "ingested (land files complete: write under a temporary name, then rename)")  # fmt: skip
+        if stat.st_mtime >= started - MTIME_SLACK_S:
+            return "pending"
+        return f"{path} was on disk before the run but the file source never listed it"
+    if stat is None or read.size is None:
+        return None  # removed after ingest (archived); a pre-upgrade row has no size to compare
+    if stat.st_size != read.size or stat.st_mtime_ns // 1_000_000 > read.mtime_ms:
+        return (f"{path} changed after it was read ({read.size:,} bytes then, {stat.st_size:,} now): lines added "
+                "since were not ingested (land files complete: write under a temporary name, then rename)")  # fmt: skip
+    return None
+
+
+def check_landing(lakehouse: Lakehouse, landing: str) -> None:
+    """Refuse a landing folder that would make the reader take the wrong files.
+
+    - the lakehouse inside the landing folder: its own table files would be read as landed lines;
+    - another landing folder than the one this lakehouse has ingested (moved, renamed or a typo):
+      the file source remembers files by path, so every file would be read a second time.
+    """
+    if "://" in landing or "://" in lakehouse.root:
+        return
+    folder = Path(landing).resolve()
+    if not folder.is_dir():
+        raise LandingError(f"landing folder {landing} is not a folder; point it at the folder the JSON-lines files land in")
+    root = Path(lakehouse.root)
+    if root == folder or folder in root.parents:
+        raise LandingError(
+            f"lakehouse {root} is inside the landing folder {folder}: its own table files would be read as "
+            "landed lines. Keep the lakehouse outside the landing folder."
+        )
+    check_recorded_source(lakehouse, str(folder))
+
+
+def _described(identity: str) -> str:
+    return f"Kafka topic {identity[len('kafka:'):]}" if identity.startswith("kafka:") else f"the landing folder {identity}"
+
+
+def check_recorded_source(lakehouse: Lakehouse, identity: str) -> None:
+    """Refuse a source other than the one this lakehouse has ingested; record it on first use.
+
+    ``identity``: a resolved landing folder, or ``kafka:<topic>``. A checkpoint's offsets mean
+    nothing for another source: files are remembered by path, Kafka offsets per topic partition.
+    """
+    root = Path(lakehouse.root)
+    record = root / "_landing"
+    if record.exists():
+        ingested = record.read_text(encoding="utf-8").strip()
+        if ingested != identity:
+            raise LandingError(
+                f"lakehouse {root} ingests {_described(ingested)}, not {_described(identity)}. Its checkpoint "
+                "remembers what was read by path or offset, so another source would be read wrongly or twice. "
+                "If a folder moved, move it back (or point at it); for a different source use a new lakehouse."
+            )
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{identity}\n", encoding="utf-8")

@@ -1,0 +1,142 @@
+"""The one place that builds (or finds) the SparkSession every layer runs on."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from rulewatch.spark.jars import fetch_spark_jars
+from rulewatch.spark.widgets import repository_root
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+# Sane defaults for a 2-core laptop; each can be overridden with an env var of the same meaning.
+LOCAL_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # transformWithState* only runs on the RocksDB state store.
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.shuffle.partitions": os.environ.get("RULEWATCH_SHUFFLE_PARTITIONS", "4"),
+    "spark.default.parallelism": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": os.environ.get("RULEWATCH_DRIVER_MEMORY", "4g"),
+    "spark.sql.adaptive.enabled": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # The .crc file beside each commit costs a state computation per append; live micro-batches make
+    # several appends each (docs/benchmarks.md, "Live mode latency": batches ~5-10% shorter without).
+    "spark.databricks.delta.writeChecksumFile.enabled": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Local runs need no Derby metastore: every table is addressed by path.
+    "spark.sql.catalogImplementation": "in-memory",
+}
+
+
+# Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
+# prints its UDF and schemas (kilobytes) each time a query starts, and Spark's start-up banner tells
+# how to change a log level. RULEWATCH_JVM_OUTPUT=all keeps them.
+_NOISE = re.compile(
+    rb"^(Starting )?Streaming TransformWithStateInPandas Python worker|^\s*$|^WARNING: Using incubator modules"
+    rb"|^Setting default log level to|^To adjust logging level use"
+)
+
+
+def _forward(pipe_fd: int, target_fd: int) -> None:
+    with os.fdopen(pipe_fd, "rb") as pipe:
+        for line in pipe:
+            if not _NOISE.match(line):
+                os.write(target_fd, line)
+
+
+@contextmanager
+def _jvm_stderr_filtered() -> Iterator[None]:
+    """While the JVM starts, its stderr (fd 2, inherited) becomes a pipe that drops ``_NOISE`` lines.
+
+    Only the JVM keeps the pipe: this process gets its own stderr back at once, so nothing it prints
+    itself depends on the forwarding thread.
+    """
+    if os.environ.get("RULEWATCH_JVM_OUTPUT") == "all":
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    real_stderr = os.dup(2)
+    sys.stderr.flush()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    threading.Thread(target=_forward, args=(read_fd, real_stderr), name="rulewatch-jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real_stderr, 2)
+
+
+def is_databricks() -> bool:
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def get_spark(app_name: str = "rulewatch") -> SparkSession:
+    """Return the active session (Databricks, Connect, tests) or build the local one.
+
+    Locally: ``local[2]`` (``RULEWATCH_MASTER`` overrides) with Delta, RocksDB state and quiet logs.
+    The Python workers must import pandas/pyarrow from this same environment, hence PYSPARK_PYTHON.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if is_databricks():
+        return SparkSession.builder.getOrCreate()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    remote = os.environ.get("RULEWATCH_REMOTE")
+    builder = SparkSession.builder.appName(app_name)
+    # Spark Connect (as on Databricks serverless): "local[2]" starts a local Connect server with the
+    # same settings; an "sc://..." URL connects to a running one.
+    if remote:
+        # The local Connect server takes these at start-up; the client then also tries to set them
+        # as session confs and warns that static ones cannot change. Nothing is wrong: hush it.
+        warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
+        builder = builder.remote(remote)
+    else:
+        builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
+    for key, value in LOCAL_CONF.items():
+        builder = builder.config(key, value)
+    # Spark makes its (unused: tables are addressed by path) warehouse folder in the working directory,
+    # which for a notebook opened by hand is notebooks/; keep it at the repository root, where git ignores it.
+    root = repository_root()
+    if root is not None:
+        builder = builder.config("spark.sql.warehouse.dir", str(root / "spark-warehouse"))
+    builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
+    log_config = Path(__file__).with_name("log4j2.properties")
+    # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
+    # then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/benchmarks.md).
+    java_options = f"-Dlog4j2.configurationFile={log_config} -XX:-DontCompileHugeMethods"
+    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    with _jvm_stderr_filtered():
+        return builder.getOrCreate()
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: dict[str, str]) -> Iterator[None]:
+    """Set ``confs`` while queries start (each copies the session's settings then), then put them back."""
+    previous = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

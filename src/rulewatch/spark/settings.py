@@ -1,0 +1,53 @@
+"""The evaluator's settings and the limits they are checked against.
+
+Kept free of Spark so the command line can check a flag value while it parses, before (and without)
+anything heavy is imported; ``rulewatch.spark.gold`` uses the same class.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rulewatch.kafka.client import KafkaTopic
+from rulewatch.engine.rules import parse_duration
+
+# An event time further than this past its own ingest time is quarantined. A future-dated event
+# would otherwise drag the watermark ahead and make every on-time event after it "late"; with the
+# tolerance no larger than gold's allowed lateness, no accepted event can move the watermark past
+# the ingest clock (docs/reliability.md, "Watermark poisoning"). Covers producer clock skew only.
+FUTURE_TOLERANCE_ENV = "RULEWATCH_FUTURE_TOLERANCE"
+DEFAULT_FUTURE_TOLERANCE = "5m"
+
+
+def future_tolerance() -> str:
+    """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
+    return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
+
+
+@dataclass(frozen=True)
+class GoldSettings:
+    shards: int = 16
+    allowed_lateness: str = "1h"
+    cleanup_granularity: str = "1m"
+    max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
+    state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
+    alerts_topic: KafkaTopic | None = None  # also publish alerts here (at least once; kafka/alerts.py)
+    # Gold runs in event-time mode: with Spark's no-data batches on, every batch that moves the watermark
+    # is followed by an empty one that only fires the cleanup timers (they emit nothing). Live, the next
+    # events wait behind it; a job run pays it once more before it ends (~5 s of a 20 s gold run at 10k
+    # keys, docs/benchmarks.md). Off, the timers fire in the next data batch, this run's or the next one's.
+    no_data_batches: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= 4096:
+            raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
+        if not 0 <= self.state_slots <= 1_000_000:
+            raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
+        parse_duration(self.cleanup_granularity)
+        if parse_duration(self.allowed_lateness) < parse_duration(future_tolerance()):
+            raise ValueError(
+                f"allowed lateness {self.allowed_lateness} is below silver's future tolerance "
+                f"{future_tolerance()} ({FUTURE_TOLERANCE_ENV}): one event "
+                "dated that far ahead could then make on-time events late. Raise the lateness or lower the tolerance."
+            )

@@ -1,0 +1,78 @@
+"""Delta tables by path or by catalog name: the one place that knows the difference.
+
+``Lakehouse`` names every table either by path (locally) or as ``catalog.schema.table`` (Unity
+Catalog managed tables); everything else reads, streams, writes and creates tables through these
+functions and never looks at which it was given.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
+from pyspark.sql.streaming import DataStreamReader
+from pyspark.sql.types import StructField, StructType
+
+from rulewatch.spark.lakehouse import is_table_name, table_ref
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _ddl(schema: StructType) -> str:
+    """Column definitions; a field's ``metadata["comment"]`` becomes its column comment, shown by catalogs and dashboards."""
+    return ", ".join(
+        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+        + (f" COMMENT {_sql_string(f.metadata['comment'])}" if f.metadata.get("comment") else "")
+        for f in schema.fields
+    )
+
+
+def read(spark: SparkSession, table: str) -> DataFrame:
+    if is_table_name(table):
+        return spark.read.table(table_ref(table))
+    return spark.read.format("delta").load(table)
+
+
+def read_stream(reader: DataStreamReader, table: str) -> DataFrame:
+    """``reader`` (format and options set) streaming from ``table``."""
+    if is_table_name(table):
+        return reader.table(table_ref(table))
+    return reader.load(table)
+
+
+def exists(spark: SparkSession, table: str) -> bool:
+    if is_table_name(table):
+        return spark.catalog.tableExists(table_ref(table))
+    return DeltaTable.isDeltaTable(spark, table)
+
+
+def save(writer: DataFrameWriter, table: str) -> None:
+    """Run ``writer`` (format, mode and options set) into the existing ``table``; Delta's ``txnAppId`` options hold for both."""
+    if is_table_name(table):
+        writer.saveAsTable(table_ref(table))
+    else:
+        writer.save(table)
+
+
+def latest_commit(spark: SparkSession, table: str) -> Row:
+    """The newest commit of the Delta table (``version``, ``timestamp``, ...)."""
+    return spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()
+
+
+def ensure_table(
+    spark: SparkSession, table: str, schema: StructType, comment: str = "", properties: dict[str, str] | None = None
+) -> None:
+    """Create the Delta table with ``schema`` unless it exists (streams need it to start)."""
+    props = {"delta.appendOnly": "false", **(properties or {})}
+    tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
+    comment_sql = f" COMMENT {_sql_string(comment)}" if comment else ""
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {table_ref(table)} ({_ddl(schema)}) USING delta{comment_sql} "
+        f"TBLPROPERTIES ({tbl_props})"
+    )
+    # A table made by an earlier release lacks the columns added since: add them (null for old rows).
+    existing = set(read(spark, table).columns)
+    missing = [f for f in schema.fields if f.name not in existing]
+    if missing:
+        spark.sql(f"ALTER TABLE {table_ref(table)} ADD COLUMNS ({_ddl(StructType([StructField(f.name, f.dataType, True, f.metadata) for f in missing]))})")
