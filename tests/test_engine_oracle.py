@@ -140,7 +140,7 @@ class Driver:
         return result
 
     def rows(self, kind: str) -> list[dict]:
-        return [r for _, res in self.results for r in res.rows if r["kind"] == kind]
+        return [r for _, res in self.results for r in res.records() if r["kind"] == kind]
 
     def alerts(self) -> list[dict]:
         return self.rows("alert")
@@ -375,7 +375,7 @@ def expected_metrics(batch: list[dict], rules: list[dict], windows: dict) -> dic
 
 def engine_metrics(result) -> dict:
     out = {}
-    for m in result.rows:
+    for m in result.records():
         if m["kind"] != "metric":
             continue
         k = (int(m["rule_id"]), m["group_key"])
@@ -413,7 +413,7 @@ def check_state(rules):
     """on_batch hook: a written key holds exactly its events inside the retention, never an empty blob."""
 
     def hook(d: Driver, so_far, batch, wm, result):
-        assert not any(r["kind"] == "late" for r in result.rows), "in-order stream produced late rows"
+        assert not any(r["kind"] == "late" for r in result.records()), "in-order stream produced late rows"
         for key, blob in result.writes.items():
             keyset, group_key = key.split(KEY_SEPARATOR, 1)
             retention, memory_span = _span(rules, keyset)
@@ -549,11 +549,11 @@ def test_out_of_order_arrival_matches_oracle_over_what_has_arrived(events, rules
         arrived += kept
         ids = {e["transactionId"] for e in kept}
         want = [a for a in oracle(arrived, rules) if a["transaction_id"] in ids]
-        assert_same_alerts([r for r in result.rows if r["kind"] == "alert"], want)
+        assert_same_alerts([r for r in result.records() if r["kind"] == "alert"], want)
         windows = {r["ruleId"]: per_event_windows(arrived, r) for r in rules}
         assert_same_metrics(result, kept, rules, windows)
         late_ids = {e["transactionId"] for e in batch} - ids
-        late_rows = [r for r in result.rows if r["kind"] == "late"]
+        late_rows = [r for r in result.records() if r["kind"] == "late"]
         expected_late = {(row["transactionId"], row["keyset"]) for row in key_rows([e for e in batch if e["transactionId"] in late_ids], d.book)}
         assert {(r["transaction_id"], r["keyset"]) for r in late_rows} == expected_late
         assert all(str(wm) in r["detail"] for r in late_rows)
@@ -610,7 +610,7 @@ def test_rule_changes_between_batches(events, rules, data):
         active = [body for body, _ in current.values()]
         ids = {e["transactionId"] for e in batch}
         want = [a for a in oracle(ordered[:hi], active) if a["transaction_id"] in ids]
-        got = [r for r in result.rows if r["kind"] == "alert"]
+        got = [r for r in result.records() if r["kind"] == "alert"]
         assert_same_alerts(got, want)
         assert all(a["rule_version"] == current[a["rule_id"]][1] for a in got)
         if batch:
@@ -835,7 +835,7 @@ def test_paused_rule_keeps_retention_deleted_rule_does_not(how):
     # resume it (a new rules-table version): it sees the whole hour at once
     assert book.apply("insert", dict(wide, ruleState="ACTIVE"), 2) is None
     res = d.run_batch([pay("e40", T0 + 40 * MIN, 1)], watermark_ms=T0 + 30 * MIN)
-    (a,) = [r for r in res.rows if r["kind"] == "alert"]
+    (a,) = [r for r in res.records() if r["kind"] == "alert"]
     assert (a["rule_id"], a["rule_version"], a["aggregate_value"], a["event_count"]) == (2, 2, "5.00", 5)
     # delete it: its window no longer counts for the retention, and it neither alerts nor reports metrics
     if how == "delete change":
@@ -843,7 +843,7 @@ def test_paused_rule_keeps_retention_deleted_rule_does_not(how):
     else:
         assert book.apply("update_postimage", dict(wide, ruleState="DELETE"), 3) is None
     res = d.run_batch([pay("e50", T0 + 50 * MIN, 1)], watermark_ms=T0 + 40 * MIN)
-    assert not [r for r in res.rows if r.get("rule_id") == 2]
+    assert not [r for r in res.records() if r.get("rule_id") == 2]
     assert stored_times(d, "payeeId", "p1") == [2400, 3000]
     assert res.expiry_ms[state_key("payeeId", "p1")] == T0 + 50 * MIN + MIN
 
@@ -892,20 +892,20 @@ def test_late_event_reported_not_evaluated_not_stored():
     before = dict(d.store)
     wm = T0 + 10_000
     res = d.run_batch([pay("late", wm - 1, 5), pay("edge", wm, 5, payee="p2")], watermark_ms=wm)
-    late = [r for r in res.rows if r["kind"] == "late"]
+    late = [r for r in res.records() if r["kind"] == "late"]
     assert sorted((r["transaction_id"], r["keyset"], r["group_key"], r["event_ms"]) for r in late) == [
         ("late", "payeeId", "p1", wm - 1), ("late", "payeeId,paymentType", "p1|CSH", wm - 1)]  # fmt: skip
     assert all(str(wm) in r["detail"] and "watermark" in r["detail"] for r in late)
     # not evaluated: no alert or metric for the late event's keys; the on-time event (time == watermark) is evaluated
-    assert sorted((r["transaction_id"], r["rule_id"]) for r in res.rows if r["kind"] == "alert") == [("edge", 1), ("edge", 2)]
-    assert {r["group_key"] for r in res.rows if r["kind"] == "metric"} == {"p2", "p2|CSH"}
+    assert sorted((r["transaction_id"], r["rule_id"]) for r in res.records() if r["kind"] == "alert") == [("edge", 1), ("edge", 2)]
+    assert {r["group_key"] for r in res.records() if r["kind"] == "metric"} == {"p2", "p2|CSH"}
     # not stored
     for key in before:
         assert d.store[key] == before[key]
     assert "late" not in sum((decode_history(b)[0]["transactionId"].tolist() for b in d.store.values()), [])
     # a batch of late events only writes nothing
     res = d.run_batch([pay("late2", T0, 5)], watermark_ms=wm)
-    assert res.writes == {} and [r["kind"] for r in res.rows] == ["late", "late"]
+    assert res.writes == {} and [r["kind"] for r in res.records()] == ["late", "late"]
 
 
 # ------------------------------------------------------------------------------------------------- 5. metrics

@@ -14,7 +14,7 @@ import json
 import pickle
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -148,9 +148,16 @@ def decode_history(blob: bytes) -> tuple[dict[str, np.ndarray], dict]:
 
 @dataclass
 class BatchResult:
-    rows: list[dict]
+    rows: list[dict]  # alerts and late events: few, so one dict each
     writes: dict[str, bytes | None]  # state key -> new blob, None = delete
     expiry_ms: dict[str, int]  # state key -> event time after which the key holds nothing useful
+    # Window metrics, one frame per rule: a row per key touched, which with many keys is a row per
+    # event, so they stay columns all the way to Arrow (as dicts they cost more than the engine).
+    metrics: list[pd.DataFrame] = field(default_factory=list)
+
+    def records(self) -> list[dict]:
+        """Every output row as a dict, metrics after the others."""
+        return [*self.rows, *(row for frame in self.metrics for row in frame.to_dict("records"))]
 
 
 def _event_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -192,6 +199,7 @@ def evaluate_batch(
     expires before it holds nothing any later event can see, so it is deleted instead of written.
     """
     rows: list[dict] = []
+    metrics: list[pd.DataFrame] = []
     if watermark_ms > 0:
         is_late = events["eventTime"].to_numpy(np.int64) < watermark_ms
         rows.extend(_late_rows(events[is_late], watermark_ms))
@@ -226,10 +234,14 @@ def evaluate_batch(
         if not in_keyset.any():
             continue
         for rule, version, cleared in rules:
-            rows.extend(_evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories))
+            alerts, rule_metrics = _evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories)
+            rows.extend(alerts)
+            if rule_metrics is not None:
+                metrics.append(rule_metrics)
     if watermark_ms > 0:
         _fold_buckets(key_keyset, cols, group, memories, book, watermark_ms)
-    return BatchResult(rows, *_write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms, next_watermark_ms))
+    writes, expiry = _write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms, next_watermark_ms)
+    return BatchResult(rows, writes, expiry, metrics)
 
 
 def _fold_buckets(
@@ -439,7 +451,8 @@ def _evaluate_rule(
     ingest: np.ndarray,
     key_group: list[str],
     memories: list[dict],
-) -> Iterable[dict]:
+) -> tuple[list[dict], pd.DataFrame | None]:
+    """The rule's alerts (dicts) and window metrics (a frame; None when no new event is in the rule's view)."""
     sel = _seen_by(rule, cleared, cols, in_keyset)
     summaries: list[buckets.Summary | None] = []
     if rule.bucket_ms:
@@ -450,7 +463,7 @@ def _evaluate_rule(
         sel &= cols["eventTime"] >= folded_to[group]
     idx = np.flatnonzero(sel)
     if len(idx) == 0 or not is_new[idx].any():
-        return []
+        return [], None
     g, t = group[idx], cols["eventTime"][idx]
     values, valid, scale = _rule_values(rule, cols, idx)
     lo = window_lo(g, t, window_start(t, rule.window_ms, rule.bucket_ms))
@@ -490,8 +503,7 @@ def _evaluate_rule(
                 "distinct_values": distinct[:MAX_REPORTED_VALUES] if distinct is not None else None,
                 "detail": rule.description or None, "key_values": list(parts[i]), "ingest_ms": ing[i] or None,
             })  # fmt: skip
-    out.extend(_metrics(rule, common, agg, pos, g, t, value_scale, key_group))
-    return out
+    return out, _metrics(rule, common, agg, pos, g, t, value_scale, key_group)
 
 
 def _add_folded_buckets(
@@ -568,27 +580,23 @@ def _with_memory(
     return fired
 
 
-def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: np.ndarray, scale: int, key_group: list[str]) -> list[dict]:
+def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: np.ndarray, scale: int, key_group: list[str]) -> pd.DataFrame:
     """Per key touched: the window at its last event of the batch and the batch's peak aggregate."""
     groups = g[pos]
     last_of_group = np.flatnonzero(np.r_[groups[1:] != groups[:-1], True])
     first_of_group = np.r_[0, last_of_group[:-1] + 1]
-    peaks = _group_peaks(rule.aggregator, agg, first_of_group, last_of_group)
-    starts = window_start(t[pos[last_of_group]], rule.window_ms, rule.bucket_ms).tolist()
-    peak_at = np.array(peaks, dtype=np.int64)
-    values = decimal_texts(rule.aggregator, agg, last_of_group, scale)
-    peak_values = decimal_texts(rule.aggregator, agg, np.maximum(peak_at, 0), scale)
-    times, counts = t[pos[last_of_group]].tolist(), agg.count[last_of_group].tolist()
-    keys = groups[last_of_group].tolist()
-    return [
-        {
-            "kind": "metric", **common, "group_key": key_group[keys[i]], "event_ms": times[i], "transaction_id": None,
-            "aggregate_value": values[i],
-            "max_aggregate": peak_values[i] if peaks[i] >= 0 else None,
-            "window_start_ms": starts[i], "window_end_ms": times[i], "event_count": counts[i],
-        }  # fmt: skip
-        for i in range(len(keys))
-    ]
+    peaks = np.array(_group_peaks(rule.aggregator, agg, first_of_group, last_of_group), dtype=np.int64)
+    times = t[pos[last_of_group]]
+    peak_values = decimal_texts(rule.aggregator, agg, np.maximum(peaks, 0), scale)
+    return pd.DataFrame({
+        "kind": "metric", **common,
+        "group_key": np.array(key_group, dtype=object)[groups[last_of_group]],
+        "event_ms": times, "transaction_id": None,
+        "aggregate_value": decimal_texts(rule.aggregator, agg, last_of_group, scale),
+        "max_aggregate": [v if p >= 0 else None for v, p in zip(peak_values, peaks.tolist())],
+        "window_start_ms": window_start(times, rule.window_ms, rule.bucket_ms), "window_end_ms": times,
+        "event_count": agg.count[last_of_group],
+    }, index=pd.RangeIndex(len(times)))  # fmt: skip
 
 
 def _group_peaks(aggregator: Aggregator, agg, first: np.ndarray, last: np.ndarray) -> list[int]:

@@ -59,6 +59,12 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in OUTPUT_COLUMNS})
 
 
+def _complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every output column, in order; the columns it lacks are all None."""
+    nothing = pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    return pd.DataFrame({c: frame[c] if c in frame else nothing for c in OUTPUT_COLUMNS})
+
+
 # Index entries (and timers) one call may add. A batch spanning hours of event time (a backfill)
 # would otherwise index its keys under hundreds of times, each a state read, write and timer.
 MAX_INDEX_ENTRIES = 16
@@ -343,6 +349,7 @@ class RuleProcessor(StatefulProcessor):
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
             out.append(self._stats(len(events), len(result.writes), book))
+            yield from (_complete(frame) for frame in result.metrics)
         if out:
             yield _frame(out)
 
