@@ -37,6 +37,9 @@ LOCAL_CONF: dict[str, str] = {
     # several appends each (docs/benchmarks.md, "Live mode latency": batches ~5-10% shorter without).
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Silver caches each batch's parsed lines once and reads them five times; compressing that cache
+    # costs more CPU than it saves (1M lines: 15.6-16.2 s -> 13.5-14.7 s, docs/benchmarks.md).
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
 }
