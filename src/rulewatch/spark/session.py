@@ -41,9 +41,10 @@ LOCAL_CONF: dict[str, str] = {
     # costs more CPU than it saves (1M lines: 15.6-16.2 s -> 13.5-14.7 s, docs/benchmarks.md).
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
     # Compiled code is cached by its source, 100 entries by default: a live ingest + gold pair of
-    # micro-batches generates ~300 distinct classes, so the cache thrashed and ~70% of compiles
-    # were repeats (1-minute demo: 18.8 of 27 s compiling). Delta's per-batch filters carry literals
-    # and still compile once each; this keeps the rest (docs/benchmarks.md, "Live mode latency").
+    # micro-batches generates ~300 distinct classes, so the cache thrashed and most compiling
+    # recompiled a source seen before (1-minute demo: 18.8 of 30.5 s). Delta's per-batch filters
+    # carry literals and still compile once each; this keeps the rest (docs/benchmarks.md, "Live
+    # mode latency").
     "spark.sql.codegen.cache.maxEntries": "1000",
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
