@@ -283,14 +283,15 @@ def dedup_horizon_ms() -> int:
 
 
 def _earlier_times(
-    spark: SparkSession, lakehouse: Lakehouse, batch_id: int, event_range: tuple[Any, Any], horizon_ms: int
+    spark: SparkSession, lakehouse: Lakehouse, batch_id: int, ids: DataFrame, event_range: tuple[Any, Any], horizon_ms: int
 ) -> DataFrame:
-    """Per transaction id, the event times (ms) silver accepted it with in earlier batches near this batch's.
+    """Per transaction id of ``ids``, the event times (ms) silver accepted it with in earlier batches near this batch's.
 
     Earlier batches only: a replay of this batch must classify its rows exactly as before. The
-    event-time bound lets Delta skip files by their min/max statistics, so the check reads the
-    recent part of silver instead of all of it. (Built from the silver table alone; joining back a
-    frame derived from the batch is a self-join Spark may resolve ambiguously.)
+    event-time bound lets Delta skip files by their min/max statistics; the semi-join on the
+    batch's ids (broadcast while they are few) keeps the grouping to the ids that can repeat,
+    so a batch scans two columns of the horizon instead of shuffling all of it by id, which
+    cost ~1 s per batch per million rows in the horizon (docs/benchmarks.md).
     """
     horizon = F.expr(f"INTERVAL {horizon_ms} MILLISECONDS")
     low, high = event_range
@@ -298,6 +299,8 @@ def _earlier_times(
         tables.read(spark, lakehouse.silver_transactions)
         .where(F.col("silver_batch_id") < batch_id)
         .where(F.col("event_time").between(F.lit(low) - horizon, F.lit(high) + horizon))
+        .select("transaction_id", "event_time")
+        .join(ids, "transaction_id", "left_semi")
         .groupBy("transaction_id")
         .agg(F.collect_list(F.unix_millis("event_time")).alias("_seen_ms"))
     )
@@ -342,8 +345,10 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         low, high, valid_n, total = rows.agg(
             F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1))
         ).first()
-        earlier = _earlier_times(spark, lakehouse, batch_id, (low, high), horizon_ms) if low is not None else None
-        repeats = _repeats(rows.where("_valid"), earlier, horizon_ms).persist()
+        valid = rows.where("_valid")
+        ids = valid.select("transaction_id")
+        earlier = _earlier_times(spark, lakehouse, batch_id, ids, (low, high), horizon_ms) if low is not None else None
+        repeats = _repeats(valid, earlier, horizon_ms).persist()
         repeated_n = repeats.count()
         # Null-safe: lines built by hand (tests, notebooks) may lack an ingest time.
         same_line = [F.col(c).eqNullSafe(F.col(f"_repeat_{c}")) for c in LINE_ORDER]
