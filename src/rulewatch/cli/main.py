@@ -18,6 +18,7 @@ from rulewatch.cli.rules_cli import add_cli as add_rules_cli
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from rulewatch.spark.checkpoints import check_gold_layout
     from rulewatch.spark.gold import GoldSettings
     from rulewatch.spark.lakehouse import Lakehouse, exclusive
     from rulewatch.spark.pipeline import latest_alerts, run_all
@@ -38,9 +39,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         source = str(landing.resolve())
     if args.rules:
         load_rules_file(args.rules)  # every mistake in the file reported now, not after Spark has started
-    settings = GoldSettings(shards=args.shards, allowed_lateness=args.allowed_lateness, alerts_topic=kafka_arguments.alerts_topic(args))
+    settings = GoldSettings(
+        shards=args.shards,
+        state_slots=args.state_slots,
+        allowed_lateness=args.allowed_lateness,
+        alerts_topic=kafka_arguments.alerts_topic(args),
+    )
     lakehouse = Lakehouse(args.lakehouse)
     with exclusive(lakehouse):
+        check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)  # before bronze and silver run, not after
         spark = get_spark()
         print(f"rulewatch: lakehouse {lakehouse.root}")
         _, summary = run_all(spark, lakehouse, source, args.rules, settings)
@@ -136,10 +143,17 @@ def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
     report.set_defaults(func=arguments.command("rulewatch.spark.report:_cmd_report"))
 
 
+STATE_SLOTS_HELP = (
+    "evaluator state layout, fixed per checkpoint: 0 (default) one entry per key; N hashes the keys of a shard "
+    "into N entries, faster when most keys are touched every batch (docs/benchmarks.md)"
+)
+
+
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
     parser.add_argument("--shards", type=arguments.shards, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
+    parser.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
@@ -190,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     # The flag's name before it matched stream, generate and job run; still accepted, no longer shown.
     run.add_argument("--transactions", dest="landing", help=argparse.SUPPRESS)
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
-    run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call")
+    run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
+    run.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     kafka_arguments.add_options(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_run"))

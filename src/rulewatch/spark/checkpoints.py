@@ -239,6 +239,35 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
                 )
 
 
+GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spark's own files
+
+
+def check_gold_layout(checkpoint: str, layout: dict[str, int]) -> None:
+    """Refuse to resume gold with another shard count or state layout than it began with; record them.
+
+    A key's window history lives in the shard its hash picked, and a rule change reaches only the
+    shards the query had when it read the change: with another count, keys move to shards without
+    their history or without any rule, and detection silently stops for them. A checkpoint with no
+    committed batch yet takes the layout it is given (as does one from before the record existed).
+    """
+    if "://" in checkpoint:
+        return
+    record = Path(checkpoint) / GOLD_LAYOUT
+    if record.exists() and _numbered(Path(checkpoint) / "commits"):
+        stored = json.loads(record.read_text(encoding="utf-8"))
+        if stored != layout:
+            began = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in stored.items())
+            asked = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in layout.items())
+            raise CheckpointError(
+                f"gold checkpoint {checkpoint} began with {began}; this run asks for {asked}. Keys would move to "
+                f"shards without their window history or rules and alerts would be missed silently. Run with "
+                f"{began}, or rebuild gold to change them ({RECOVERY})."
+            )
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(layout) + "\n", encoding="utf-8")
+
+
 # The pipeline_metrics rows each query writes, by layer (the ingest query writes both of its layers').
 QUERY_LAYERS = {"bronze": ["bronze"], "silver": ["silver"], "ingest": ["bronze", "silver"], "gold": ["gold"]}
 STATEFUL = {"gold"}

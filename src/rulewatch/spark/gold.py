@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark import schema, tables
+from rulewatch.spark.checkpoints import check_gold_layout
 from rulewatch.spark.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.spark.evaluator import RuleProcessor
@@ -256,6 +257,7 @@ def start_gold(
     processing_time: str | None = None,
 ) -> StreamingQuery:
     ensure_gold_tables(spark, lakehouse)
+    check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)
     holder: dict = {}
     totals = _state_totals_of(holder)
     writer = (

@@ -27,7 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark import generate, tables
 from rulewatch.spark.bronze import Source, check_source
-from rulewatch.spark.checkpoints import check_queries
+from rulewatch.spark.checkpoints import check_gold_layout, check_queries
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.ingest import start_ingest
 from rulewatch.kafka import arguments as kafka_arguments
@@ -58,6 +58,7 @@ class LiveSettings:
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
+    check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout)  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     with session_confs(spark, partitions):
@@ -503,6 +504,7 @@ def _settings(args: argparse.Namespace) -> LiveSettings:
         trigger=args.trigger,
         gold=GoldSettings(
             shards=args.shards,
+            state_slots=args.state_slots,
             allowed_lateness=args.allowed_lateness,
             alerts_topic=kafka_arguments.alerts_topic(args),
             no_data_batches=args.gold_no_data_batches,

@@ -39,6 +39,11 @@ class GoldSettings:
     # keys, docs/benchmarks.md). Off, the timers fire in the next data batch, this run's or the next one's.
     no_data_batches: bool = False
 
+    @property
+    def layout(self) -> dict[str, int]:
+        """What gold's checkpoint is bound to (checkpoints.check_gold_layout)."""
+        return {"shards": self.shards, "state_slots": self.state_slots}
+
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= 4096:
             raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")

@@ -1,0 +1,48 @@
+"""Gold's checkpoint is bound to its shard count and state layout: another one is refused before anything runs.
+
+With another shard count a key hashes to a shard that holds neither its window history nor (for a
+shard the query never had) any rule, so detection would silently stop for it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import FIXTURES
+from rulewatch.cli.main import main
+from rulewatch.spark.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, last_planned_batch
+from rulewatch.spark.lakehouse import Lakehouse
+from test_crash import RULES, run_cli
+
+
+def test_a_checkpoint_without_a_committed_batch_takes_the_layout_it_is_given(tmp_path):
+    checkpoint = tmp_path / "gold"
+    check_gold_layout(str(checkpoint), {"shards": 4, "state_slots": 0})
+    check_gold_layout(str(checkpoint), {"shards": 8, "state_slots": 16})  # nothing evaluated yet: nothing to move
+    assert json.loads((checkpoint / GOLD_LAYOUT).read_text()) == {"shards": 8, "state_slots": 16}
+
+
+def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, capsys):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    landing = tmp_path / "landing"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    run = ["run", "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", RULES]
+    assert run_cli([*run, "--shards", "2"]) == 0
+    gold_batches = last_planned_batch(lakehouse.checkpoint("gold"))
+    bronze_log = sorted((tmp_path / "lakehouse" / "bronze" / "transactions" / "_delta_log").glob("*.json"))
+    shutil.copy(landing / "day1-a.jsonl", landing / "later.jsonl")  # new to bronze: a refused run must not read it
+
+    for other, asked in [(["--shards", "3"], "--shards 3 --state-slots 0"), (["--shards", "2", "--state-slots", "4"], "--shards 2 --state-slots 4")]:
+        assert main([*run, *other]) == 2
+        err = capsys.readouterr().err
+        assert f"began with --shards 2 --state-slots 0; this run asks for {asked}" in err
+        assert "alerts would be missed silently" in err and "Traceback" not in err
+
+    # Refused before bronze read the new file, and gold's checkpoint is as it was.
+    assert sorted((tmp_path / "lakehouse" / "bronze" / "transactions" / "_delta_log").glob("*.json")) == bronze_log
+    assert last_planned_batch(lakehouse.checkpoint("gold")) == gold_batches
+    with pytest.raises(CheckpointError, match="rebuild gold"):
+        check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})
