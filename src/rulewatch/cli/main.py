@@ -18,8 +18,8 @@ from rulewatch.cli.rules_cli import add_cli as add_rules_cli
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from rulewatch.spark.gold import GoldSettings  # first: without pyspark, the error names the extra to install
     from rulewatch.spark.checkpoints import check_gold_layout
-    from rulewatch.spark.gold import GoldSettings
     from rulewatch.spark.lakehouse import Lakehouse, exclusive
     from rulewatch.spark.pipeline import latest_alerts, run_all
     from rulewatch.spark.session import get_spark
