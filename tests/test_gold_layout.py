@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +33,8 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, ca
     run = ["run", "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", RULES]
     assert run_cli([*run, "--shards", "2"]) == 0
     gold_batches = last_planned_batch(lakehouse.checkpoint("gold"))
-    bronze_log = sorted((tmp_path / "lakehouse" / "bronze" / "transactions" / "_delta_log").glob("*.json"))
+    bronze_commits = Path(lakehouse.bronze_transactions, "_delta_log")
+    bronze_log = sorted(bronze_commits.glob("*.json"))
     shutil.copy(landing / "day1-a.jsonl", landing / "later.jsonl")  # new to bronze: a refused run must not read it
 
     for other, asked in [(["--shards", "3"], "--shards 3 --state-slots 0"), (["--shards", "2", "--state-slots", "4"], "--shards 2 --state-slots 4")]:
@@ -42,7 +44,7 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, ca
         assert "alerts would be missed silently" in err and "Traceback" not in err
 
     # Refused before bronze read the new file, and gold's checkpoint is as it was.
-    assert sorted((tmp_path / "lakehouse" / "bronze" / "transactions" / "_delta_log").glob("*.json")) == bronze_log
+    assert sorted(bronze_commits.glob("*.json")) == bronze_log
     assert last_planned_batch(lakehouse.checkpoint("gold")) == gold_batches
     with pytest.raises(CheckpointError, match="rebuild gold"):
         check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})

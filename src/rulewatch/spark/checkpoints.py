@@ -242,6 +242,10 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
 GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spark's own files
 
 
+def _as_flags(layout: dict[str, int]) -> str:
+    return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in layout.items())
+
+
 def check_gold_layout(checkpoint: str, layout: dict[str, int]) -> None:
     """Refuse to resume gold with another shard count or state layout than it began with; record them.
 
@@ -256,10 +260,9 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int]) -> None:
     if record.exists() and _numbered(Path(checkpoint) / "commits"):
         stored = json.loads(record.read_text(encoding="utf-8"))
         if stored != layout:
-            began = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in stored.items())
-            asked = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in layout.items())
+            began = _as_flags(stored)
             raise CheckpointError(
-                f"gold checkpoint {checkpoint} began with {began}; this run asks for {asked}. Keys would move to "
+                f"gold checkpoint {checkpoint} began with {began}; this run asks for {_as_flags(layout)}. Keys would move to "
                 f"shards without their window history or rules and alerts would be missed silently. Run with "
                 f"{began}, or rebuild gold to change them ({RECOVERY})."
             )
