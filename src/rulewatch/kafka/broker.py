@@ -211,8 +211,9 @@ def start(directory: Path, port: int | None = None, timeout: float = 90) -> Brok
     log4j = f"-Dlog4j2.configurationFile={jars_dir() / 'log4j2.properties'}"
     if not (directory / "data" / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # One id in 64 starts with "-": given as a separate argument, the tool's parser takes it for an option.
         formatted = subprocess.run(
-            [java, log4j, "-cp", classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            [java, log4j, "-cp", classpath, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(config)],
             capture_output=True, text=True,
         )  # fmt: skip
         if formatted.returncode != 0:
