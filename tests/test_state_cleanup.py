@@ -71,3 +71,30 @@ def test_a_key_indexed_under_a_narrow_rule_is_kept_for_a_wider_rule_added_later(
     alerts = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 2").collect()
     # a1 (minute 0) is inside a2's 5 h window: 1 + 1 > 1.5.
     assert [(a.transaction_id, a.group_key) for a in alerts] == [("a2", "k")]
+
+
+@pytest.mark.spark
+def test_a_batch_settling_many_index_entries_purges_idle_keys_and_keeps_a_key_touched_since(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_silver_tables(spark, lakehouse)
+    apply_rules(spark, lakehouse, [parse_rule({**RULE, "limit": 1.5})])
+    # Three hours of keys in one batch: their expiries (an hour after each event) are indexed under
+    # 16-minute steps, 64 to 240 minutes; k59's (minute 177) under 240.
+    _land(spark, lakehouse, [(f"a{i}", 3 * i, f"k{i}") for i in range(60)])
+    filled, _ = _state_rows(spark, lakehouse)
+    assert filled >= 60
+    _land(spark, lakehouse, [("b", 200, "k59")])  # k59 indexed again, under 264
+    _state_rows(spark, lakehouse)
+    _land(spark, lakehouse, [("z1", 310, "z")])
+    _, removed_before = _state_rows(spark, lakehouse)
+    # This batch's watermark (minute 250) passes every entry of the first batch at once, k59's
+    # first among them, but not k59's newer one: k59 must not be purged by its old entry.
+    _land(spark, lakehouse, [("z2", 311, "z")])
+    remaining, removed_now = _state_rows(spark, lakehouse)
+    assert removed_before + removed_now >= 59  # every k but k59
+    assert remaining < 15
+    _land(spark, lakehouse, [("c", 255, "k59")])  # within the hour of b, not behind the watermark (251)
+    _state_rows(spark, lakehouse)
+    alerts = {(a.transaction_id, a.group_key) for a in spark.read.format("delta").load(lakehouse.alerts).collect()}
+    # b fires with a59 (1 + 1 > 1.5 within the hour); c fires only if b was kept.
+    assert alerts == {("b", "k59"), ("z2", "z"), ("c", "k59")}

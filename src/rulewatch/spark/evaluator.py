@@ -109,6 +109,35 @@ def _read_entry(text: str) -> tuple[dict[str, int] | None, set[str]]:
     return None, set(lines)
 
 
+def settle_expiry(
+    entries: Mapping[int, tuple[dict[str, int] | None, set[str]]], due: Iterable[int], watermark: int, span_of: Any
+) -> tuple[set[str], set[str]]:
+    """The keys of the ``due`` index entries to purge unread, and those to read and check.
+
+    ``entries``: the shard's whole index (time -> spans, keys); ``span_of(keyset)``: what its
+    keys need now. A key is settled at its newest entry only: indexed again later, it was touched
+    since and that entry decides (now if it is due too, else when it is). It goes unread when that
+    entry's time is behind the watermark and its spans cover what its keyset needs now; it is read
+    when the entry predates recorded spans or a wider rule has arrived since.
+    """
+    newest: dict[str, int] = {}
+    for time, (_, keys) in entries.items():
+        for key in keys:
+            if newest.get(key, time) <= time:
+                newest[key] = time
+    unread: set[str] = set()
+    read: set[str] = set()
+    for time in due:
+        spans, keys = entries[time]
+        for key in keys:
+            if newest[key] != time:
+                continue
+            keyset = key.split(KEY_SEPARATOR, 1)[0]
+            covered = spans is not None and watermark > time and span_of(keyset) <= spans.get(keyset, -1)
+            (unread if covered else read).add(key)
+    return unread, read
+
+
 # The per-key layout's record of which keys a shard stores, kept under a history key no state key
 # can take (state keys start with a keyset, which never starts with "#").
 _MEMBERS = "#members"
@@ -366,21 +395,20 @@ class RuleProcessor(StatefulProcessor):
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterator[pd.DataFrame]:
         at = expiredTimerInfo.getExpiryTimeInMs()
-        self.history.open(fresh=False)
-        entry = self.expiry.getValue((at,))
-        self.expiry.removeKey((at,))
+        if self.expiry.getValue((at,)) is None:
+            return  # settled by an earlier timer of this shard in this batch
         watermark = timerValues.getCurrentWatermarkInMs()
         book = self._book()
-        spans, keys = _read_entry(entry[0]) if entry else ({}, set())
-        purged: dict[str, bytes | None] = {}
-        if spans is not None and watermark > at:
-            # A key indexed again under a later time was touched since (it is checked then); any
-            # other key's newest expiry is at or before this time, so it goes unread, unless a
-            # rule wider than the ones it was indexed with has arrived since.
-            later = set().union(*(_read_entry(value[0])[1] for (time,), value in self.expiry.iterator() if time > at))
-            unread = {k for k in keys - later if _span(book, k.split(KEY_SEPARATOR, 1)[0]) <= spans.get(k.split(KEY_SEPARATOR, 1)[0], -1)}
-            purged = dict.fromkeys(unread)
-            keys -= later | unread
+        entries = {time: _read_entry(value[0]) for (time,), value in self.expiry.iterator()}
+        # Every entry whose timer fires in this batch (Spark fires those before the watermark) is
+        # settled now: the shard's stored-key set and index are then read and written once per
+        # batch instead of once per timer (a backlog batch has up to MAX_INDEX_ENTRIES a shard).
+        due = [time for time in entries if time < watermark or time == at]
+        unread, keys = settle_expiry(entries, due, watermark, lambda keyset: _span(book, keyset))
+        for time in due:
+            self.expiry.removeKey((time,))
+        self.history.open(fresh=False)
+        purged: dict[str, bytes | None] = dict.fromkeys(unread)
         still_alive: dict[str, int] = {}
         for state_key, blob in self.history.get_many(keys).items():
             if blob is None:
@@ -392,7 +420,7 @@ class RuleProcessor(StatefulProcessor):
             if expires < watermark:
                 purged[state_key] = None
             else:
-                # Touched again, or a wider rule arrived since it was indexed.
+                # A wider rule arrived since it was indexed, or its entry predates recorded spans.
                 still_alive[state_key] = expires
         self.history.put_many(purged)
         self.history.flush()
