@@ -317,3 +317,10 @@ def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     output = done.stdout + done.stderr
     assert "TransformWithStateInPandas" not in output and "setLogLevel" not in output
     assert max(len(line) for line in output.splitlines()) < 300
+
+
+def test_bench_pipeline_refuses_two_state_layouts_before_starting_spark(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["bench", "--pipeline", "--state-slots", "0", "16"], capsys)
+    assert (code, err) == (2, "rulewatch: bench --pipeline runs the job with one state layout; give one --state-slots value\n")
+    assert list(tmp_path.iterdir()) == []

@@ -270,7 +270,9 @@ class PipelineResult:
     alerts: int
 
 
-def bench_pipeline(spark: SparkSession, events: int, keys: int, files: int = 10, workdir: str | None = None) -> PipelineResult:
+def bench_pipeline(
+    spark: SparkSession, events: int, keys: int, files: int = 10, workdir: str | None = None, state_slots: int = 0
+) -> PipelineResult:
     """The real job (``rulewatch run``'s functions) over generated landing files, per layer, beside a
     stateless read-parse-shuffle of the same files measured in the same session."""
     from rulewatch.spark.pipeline import run_bronze, run_gold, run_silver
@@ -287,7 +289,8 @@ def bench_pipeline(spark: SparkSession, events: int, keys: int, files: int = 10,
     quiet: Callable[[str], None] = lambda _: None  # noqa: E731
     run_bronze(spark, warm, f"{root}/warmup-landing", quiet)
     run_silver(spark, warm, quiet)
-    run_gold(spark, warm, log=quiet)
+    settings = GoldSettings(state_slots=state_slots)
+    run_gold(spark, warm, settings, log=quiet)
 
     raw = spark.readStream.format("text").load(landing)
     parsed = raw.select(F.from_json("value", schema.RAW_SCHEMA).alias("j")).select("j.*")
@@ -299,7 +302,7 @@ def bench_pipeline(spark: SparkSession, events: int, keys: int, files: int = 10,
     for name, step in [
         ("bronze", lambda: run_bronze(spark, lakehouse, landing, quiet)),
         ("silver", lambda: run_silver(spark, lakehouse, quiet)),
-        ("gold", lambda: run_gold(spark, lakehouse, log=quiet)),
+        ("gold", lambda: run_gold(spark, lakehouse, settings, log=quiet)),
     ]:
         started = time.monotonic()
         step()

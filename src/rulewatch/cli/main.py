@@ -75,12 +75,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for p in scale_curve(args.scale_curve):
             print(f"  {p.window_events:>18,} {p.exact_us:>8.1f}us {p.bucketed_us:>10.1f}us {p.exact_rows:>19,} {p.bucketed_rows:>9,}")
         return 0
+    if args.pipeline and len(args.state_slots or []) > 1:
+        print("rulewatch: bench --pipeline runs the job with one state layout; give one --state-slots value", file=sys.stderr)
+        return 2
     spark = get_spark("rulewatch-bench")
     if args.pipeline:
         from rulewatch.cli.bench import bench_pipeline
 
-        print(f"rulewatch bench --pipeline: {args.events:,} payments over 24 h in 10 files, {args.keys:,} payee keys, the real job")
-        result = bench_pipeline(spark, args.events, args.keys)
+        (slots,) = args.state_slots or [0]
+        layout = "per-key state" if not slots else f"{slots} state slots/shard"
+        print(f"rulewatch bench --pipeline: {args.events:,} payments over 24 h in 10 files, {args.keys:,} payee keys, the real job, {layout}")
+        result = bench_pipeline(spark, args.events, args.keys, state_slots=slots)
         floor = result.passthrough
         print(f"  {floor.name:<24} {floor.seconds:7.1f}s  {floor.rate:10,.0f} events/s")
         for m in result.layers:
@@ -101,7 +106,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         f"rulewatch bench: {args.events:,} events, {args.keys:,} keys, {args.batch_events:,} events per batch, "
         f"{args.shards} shards, SUM over 1h > {args.limit:,}"
     )
-    results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots, args.limit)
+    results = bench(spark, args.events, args.keys, args.batch_events, args.shards, args.state_slots or [0, 16], args.limit)
     floor = results[0].rate
     batches = max(1, args.events // args.batch_events)
     for m in results:
@@ -215,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-events", type=arguments.count("batch events", 50_000), default=50_000)
     bench.add_argument("--shards", type=arguments.shards, default=16)
     bench.add_argument("--limit", type=arguments.count("limit", 12_500), default=12_500, help="the SUM rule's limit (lower: more events alert)")
-    bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", default=[0, 64], help="evaluator state layouts to measure (0 = per key)")
+    bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", help="evaluator state layouts to measure (0 = per key; default: 0 16); with --pipeline, the job's one layout (default 0)")
     bench.add_argument("--scale-curve", type=arguments.count("events per key", 1000), nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
     bench.add_argument("--pipeline", action="store_true", help="instead: the whole job per layer on generated landing files (issue #14's shape)")
     bench.add_argument("--rule-propagation", type=arguments.count("trials", 5), metavar="TRIALS", help="instead: time rule changes reaching a running stream")
