@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rulewatch.engine.engine import KEY_SEPARATOR
@@ -47,41 +47,36 @@ def _key(name: str, keyset: str = "payeeId") -> str:
     return f"{keyset}{KEY_SEPARATOR}{name}"
 
 
-def _settled_one_timer_at_a_time(entries, due, watermark, span_of):
-    """The same decision taken the way the timers fire: in time order, each entry removed once
-    settled, a key skipped while a later entry (due or not) still holds it."""
-    remaining = dict(entries)
-    unread, read = set(), set()
-    for time in sorted(due):
-        spans, keys = remaining.pop(time)
-        later = set().union(*(k for t, (_, k) in remaining.items() if t > time))
-        for key in keys - later:
-            keyset = key.split(KEY_SEPARATOR, 1)[0]
-            if spans is not None and watermark > time and span_of(keyset) <= spans.get(keyset, -1):
-                unread.add(key)
-            else:
-                read.add(key)
-    return unread, read
-
-
-index_entries = st.dictionaries(
-    st.integers(0, 20),
-    st.tuples(
-        st.one_of(st.none(), st.fixed_dictionaries({}, optional={ks: st.sampled_from([60_000, 900_000]) for ks in KEYSETS})),
-        st.sets(st.builds(_key, st.text("abc", min_size=1, max_size=2), st.sampled_from(sorted(KEYSETS))), max_size=8),
-    ),
+# Touches of a shard's keys in time order: (key, event time, the key's span then). Each touch indexes
+# the key under its expiry (event time + span, rounded up to 2), as ``_index_expiry`` does.
+touches = st.lists(
+    st.tuples(st.sampled_from([_key("a"), _key("b"), _key("a", "userId")]), st.integers(0, 8), st.sampled_from([1, 5])),
     min_size=1,
-    max_size=8,
-)
+    max_size=12,
+).map(lambda ts: sorted(ts, key=lambda t: t[1]))
 
 
-@given(index_entries, st.integers(0, 22), st.data())
-def test_settling_every_due_entry_at_once_decides_like_one_timer_at_a_time(entries, watermark, data):
-    # The firing timer is one of the entries; every entry before the watermark fires in the same batch.
-    at = data.draw(st.sampled_from(sorted(entries)))
+@settings(max_examples=500)
+@given(touches, st.sets(st.integers(0, 14), max_size=2), st.sampled_from([1, 3, 5]), st.integers(0, 14), st.data())
+def test_no_key_is_purged_unread_before_its_newest_event_stops_mattering(touched, legacy, span_now, watermark, data):
+    entries: dict[int, tuple[dict[str, int] | None, set[str]]] = {}
+    last: dict[str, int] = {}
+    for key, at, span in touched:
+        keyset = key.split(KEY_SEPARATOR, 1)[0]
+        time = -(-(at + span) // 2) * 2
+        # Entries at a ``legacy`` time were written before spans were recorded, and stay without.
+        old_spans, keys = entries.get(time, ({} if time not in legacy else None, set()))
+        spans = None if old_spans is None else {**old_spans, keyset: min(span, old_spans.get(keyset, span))}
+        entries[time] = (spans, keys | {key})
+        last[key] = at
+    at = data.draw(st.sampled_from(sorted(entries)))  # the timer that fires
     due = [t for t in entries if t < watermark or t == at]
-    unread, read = settle_expiry(entries, due, watermark, KEYSETS.__getitem__)
-    assert (unread, read) == _settled_one_timer_at_a_time(entries, due, watermark, KEYSETS.__getitem__)
+    unread, read = settle_expiry(entries, due, watermark, lambda keyset: span_now)
+    # Safe: a key goes unread only once the watermark has passed its newest event plus what it needs now.
+    assert all(last[key] + span_now < watermark for key in unread), (entries, unread)
+    # Complete: every key whose newest entry is due is settled now, one way; no other key is.
+    newest = {key: max(t for t, (_, keys) in entries.items() if key in keys) for key in last}
+    assert unread | read == {key for key, t in newest.items() if t in due}
     assert not unread & read
 
 
@@ -95,3 +90,13 @@ def test_a_key_indexed_again_later_is_settled_by_its_newest_entry():
     assert settle_expiry(entries, [10, 20, 30], watermark=40, span_of=KEYSETS.__getitem__) == ({a, b}, {c})
     # A wider rule since: every key is read, none purged unread.
     assert settle_expiry(entries, [10, 20], watermark=25, span_of=lambda _: 7_200_000) == (set(), {a, b})
+
+
+def test_a_key_indexed_under_a_narrower_rule_since_is_read_when_the_rule_widens_again():
+    hour, k = 3_600_000, _key("k")
+    # k was indexed under 5 h while a 5 h rule held; the rule narrowed to 1 h and k, touched again
+    # just before 4 h, went under just before 5 h (so its newest entry is still the old one). Now
+    # the rule is 2 h: k's newest event matters until nearly 6 h; the old entry's 5 h span must not
+    # purge it unread.
+    entries = {5 * hour: ({"payeeId": 5 * hour}, {k}), 5 * hour - 1: ({"payeeId": hour}, {k})}
+    assert settle_expiry(entries, list(entries), watermark=5 * hour + 1, span_of=lambda _: 2 * hour) == (set(), {k})

@@ -87,8 +87,8 @@ def test_a_batch_settling_many_index_entries_purges_idle_keys_and_keeps_a_key_to
     _state_rows(spark, lakehouse)
     _land(spark, lakehouse, [("z1", 310, "z")])
     _, removed_before = _state_rows(spark, lakehouse)
-    # This batch's watermark (minute 250) passes every entry of the first batch at once, k59's
-    # first among them, but not k59's newer one: k59 must not be purged by its old entry.
+    # This batch's watermark (minute 250) passes the first batch's entries the last one left (the
+    # last of them k59's, under 240) at once, but not k59's newer one: k59 must not be purged by its old entry.
     _land(spark, lakehouse, [("z2", 311, "z")])
     remaining, removed_now = _state_rows(spark, lakehouse)
     assert removed_before + removed_now >= 59  # every k but k59

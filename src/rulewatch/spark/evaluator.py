@@ -117,23 +117,29 @@ def settle_expiry(
     ``entries``: the shard's whole index (time -> spans, keys); ``span_of(keyset)``: what its
     keys need now. A key is settled at its newest entry only: indexed again later, it was touched
     since and that entry decides (now if it is due too, else when it is). It goes unread when that
-    entry's time is behind the watermark and its spans cover what its keyset needs now; it is read
-    when the entry predates recorded spans or a wider rule has arrived since.
+    entry's time is behind the watermark and the narrowest span the key was indexed with in any of
+    its entries covers what its keyset needs now; it is read when an entry of it predates recorded
+    spans or a wider rule has arrived since. The narrowest, not the newest entry's: after a rule
+    narrows, a key touched again is indexed under an earlier time than before, and its old entry's
+    wide span says nothing about when its newest event stops mattering.
     """
     newest: dict[str, int] = {}
-    for time, (_, keys) in entries.items():
+    narrowest: dict[str, int | None] = {}
+    for time, (spans, keys) in entries.items():
         for key in keys:
             if newest.get(key, time) <= time:
                 newest[key] = time
+            span = None if spans is None else spans.get(key.split(KEY_SEPARATOR, 1)[0])
+            known = narrowest.get(key, span)
+            narrowest[key] = None if span is None or known is None else min(span, known)
     unread: set[str] = set()
     read: set[str] = set()
     for time in due:
-        spans, keys = entries[time]
-        for key in keys:
+        for key in entries[time][1]:
             if newest[key] != time:
                 continue
-            keyset = key.split(KEY_SEPARATOR, 1)[0]
-            covered = spans is not None and watermark > time and span_of(keyset) <= spans.get(keyset, -1)
+            span = narrowest[key]
+            covered = span is not None and watermark > time and span_of(key.split(KEY_SEPARATOR, 1)[0]) <= span
             (unread if covered else read).add(key)
     return unread, read
 
