@@ -23,12 +23,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark import schema, tables
-from rulewatch.spark.gold import NO_DATA_BATCHES, GoldSettings, _events, ensure_gold_tables, evaluated, start_gold
+from rulewatch.spark.gold import GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.engine.rules import parse_rules
 from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.session import session_confs
 from rulewatch.spark.silver import ensure_silver_tables
 
 # Amounts are uniform in 1..5,000; with 10k payees over 24 h a limit of 12,500 fires on ~1.6% of
@@ -87,6 +86,10 @@ def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
     return Measurement(name, events, seconds, updated, memory)
 
 
+def layout_name(state_slots: int) -> str:
+    return "per-key state" if not state_slots else f"{state_slots} slots/shard"
+
+
 def _measure(
     spark: SparkSession, lakehouse: Lakehouse, events: int, settings: GoldSettings, slot_options: list[int]
 ) -> list[Measurement]:
@@ -99,10 +102,10 @@ def _measure(
     )
     results = [_run("stateless pass-through", passthrough, lakehouse.checkpoint("bench-passthrough"), events)]
     # As gold runs it: without a last batch that has no input (its timers fire in the next run's first batch).
-    with session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()}):
+    with query_confs(spark, settings):
         for slots in slot_options:
             layout = replace(settings, state_slots=slots)
-            name = f"evaluator, {'per-key state' if not slots else f'{slots} slots/shard'}"
+            name = f"evaluator, {layout_name(slots)}"
             results.append(_run(name, evaluated(spark, lakehouse, layout), lakehouse.checkpoint(f"bench-evaluator-{slots}"), events))
     return results
 

@@ -75,16 +75,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for p in scale_curve(args.scale_curve):
             print(f"  {p.window_events:>18,} {p.exact_us:>8.1f}us {p.bucketed_us:>10.1f}us {p.exact_rows:>19,} {p.bucketed_rows:>9,}")
         return 0
-    if args.pipeline and len(args.state_slots or []) > 1:
+    if args.pipeline and len(set(args.state_slots or [])) > 1:
         print("rulewatch: bench --pipeline runs the job with one state layout; give one --state-slots value", file=sys.stderr)
         return 2
     spark = get_spark("rulewatch-bench")
     if args.pipeline:
-        from rulewatch.cli.bench import bench_pipeline
+        from rulewatch.cli.bench import bench_pipeline, layout_name
 
-        (slots,) = args.state_slots or [0]
-        layout = "per-key state" if not slots else f"{slots} state slots/shard"
-        print(f"rulewatch bench --pipeline: {args.events:,} payments over 24 h in 10 files, {args.keys:,} payee keys, the real job, {layout}")
+        (slots,) = set(args.state_slots or [0])
+        print(
+            f"rulewatch bench --pipeline: {args.events:,} payments over 24 h in 10 files, {args.keys:,} payee keys, "
+            f"the real job, {layout_name(slots)}"
+        )
         result = bench_pipeline(spark, args.events, args.keys, state_slots=slots)
         floor = result.passthrough
         print(f"  {floor.name:<24} {floor.seconds:7.1f}s  {floor.rate:10,.0f} events/s")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -249,6 +249,12 @@ def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_metrics_table(spark, lakehouse)
 
 
+def query_confs(spark: SparkSession, settings: GoldSettings) -> ContextManager[None]:
+    """The session settings the evaluator's query starts with: a batch without input (which only
+    fires cleanup timers) runs only if ``settings`` asks for it."""
+    return session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()})
+
+
 def start_gold(
     spark: SparkSession,
     lakehouse: Lakehouse,
@@ -267,6 +273,6 @@ def start_gold(
         .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
-    with session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()}):
+    with query_confs(spark, settings):
         holder["query"] = writer.start()
     return holder["query"]
