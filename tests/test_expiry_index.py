@@ -70,8 +70,9 @@ def test_no_key_is_purged_unread_before_its_newest_event_stops_mattering(touched
         entries[time] = (spans, keys | {key})
         last[key] = at
     at = data.draw(st.sampled_from(sorted(entries)))  # the timer that fires
-    due = [t for t in entries if t < watermark or t == at]
-    unread, read = settle_expiry(entries, due, watermark, lambda keyset: span_now)
+    due, unread, read = settle_expiry(entries, at, watermark, lambda keyset: span_now)
+    # Due: this timer's entry and every other whose timer fires in the batch (Spark: before the watermark).
+    assert sorted(due) == sorted({t for t in entries if t < watermark} | {at})
     # Safe: a key goes unread only once the watermark has passed its newest event plus what it needs now.
     assert all(last[key] + span_now < watermark for key in unread), (entries, unread)
     # Complete: every key whose newest entry is due is settled now, one way; no other key is.
@@ -85,11 +86,11 @@ def test_a_key_indexed_again_later_is_settled_by_its_newest_entry():
     spans = {"payeeId": 60_000}
     entries = {10: (spans, {a, b, c}), 20: (spans, {b}), 30: (None, {c})}
     # b's newer entry is due too: purged unread there. c's newer entry is not due: left to it.
-    assert settle_expiry(entries, [10, 20], watermark=25, span_of=KEYSETS.__getitem__) == ({a, b}, set())
+    assert settle_expiry(entries, 10, watermark=25, span_of=KEYSETS.__getitem__) == ([10, 20], {a, b}, set())
     # When 30 fires, its entry has no recorded spans: c is read.
-    assert settle_expiry(entries, [10, 20, 30], watermark=40, span_of=KEYSETS.__getitem__) == ({a, b}, {c})
+    assert settle_expiry(entries, 30, watermark=40, span_of=KEYSETS.__getitem__) == ([10, 20, 30], {a, b}, {c})
     # A wider rule since: every key is read, none purged unread.
-    assert settle_expiry(entries, [10, 20], watermark=25, span_of=lambda _: 7_200_000) == (set(), {a, b})
+    assert settle_expiry(entries, 10, watermark=25, span_of=lambda _: 7_200_000) == ([10, 20], set(), {a, b})
 
 
 def test_a_key_indexed_under_a_narrower_rule_since_is_read_when_the_rule_widens_again():
@@ -99,4 +100,5 @@ def test_a_key_indexed_under_a_narrower_rule_since_is_read_when_the_rule_widens_
     # the rule is 2 h: k's newest event matters until nearly 6 h; the old entry's 5 h span must not
     # purge it unread.
     entries = {5 * hour: ({"payeeId": 5 * hour}, {k}), 5 * hour - 1: ({"payeeId": hour}, {k})}
-    assert settle_expiry(entries, list(entries), watermark=5 * hour + 1, span_of=lambda _: 2 * hour) == (set(), {k})
+    due, unread, read = settle_expiry(entries, 5 * hour, watermark=5 * hour + 1, span_of=lambda _: 2 * hour)
+    assert (sorted(due), unread, read) == (sorted(entries), set(), {k})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import pickle
 import zlib
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -65,6 +65,10 @@ def _complete(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({c: frame[c] if c in frame else nothing for c in OUTPUT_COLUMNS})
 
 
+def _keyset(state_key: str) -> str:
+    return state_key.split(KEY_SEPARATOR, 1)[0]
+
+
 # Index entries (and timers) one call may add. A batch spanning hours of event time (a backfill)
 # would otherwise index its keys under hundreds of times, each a state read, write and timer.
 MAX_INDEX_ENTRIES = 16
@@ -80,7 +84,7 @@ def expiry_buckets(expiry_ms: dict[str, int], steps: dict[str, int], max_entries
     while True:
         buckets: dict[int, set[str]] = {}
         for key, at in expiry_ms.items():
-            step = steps[key.split(KEY_SEPARATOR, 1)[0]] * factor
+            step = steps[_keyset(key)] * factor
             buckets.setdefault(min(-(-at // step) * step, MAX_SPAN_MS), set()).add(key)
         if len(buckets) <= max_entries:
             return buckets
@@ -110,18 +114,20 @@ def _read_entry(text: str) -> tuple[dict[str, int] | None, set[str]]:
 
 
 def settle_expiry(
-    entries: Mapping[int, tuple[dict[str, int] | None, set[str]]], due: Iterable[int], watermark: int, span_of: Any
-) -> tuple[set[str], set[str]]:
-    """The keys of the ``due`` index entries to purge unread, and those to read and check.
+    entries: Mapping[int, tuple[dict[str, int] | None, set[str]]], at: int, watermark: int, span_of: Callable[[str], int]
+) -> tuple[list[int], set[str], set[str]]:
+    """Which index entries the timer at ``at`` settles, and of their keys those to purge unread and
+    those to read and check.
 
     ``entries``: the shard's whole index (time -> spans, keys); ``span_of(keyset)``: what its
-    keys need now. A key is settled at its newest entry only: indexed again later, it was touched
-    since and that entry decides (now if it is due too, else when it is). It goes unread when that
-    entry's time is behind the watermark and the narrowest span the key was indexed with in any of
-    its entries covers what its keyset needs now; it is read when an entry of it predates recorded
-    spans or a wider rule has arrived since. The narrowest, not the newest entry's: after a rule
-    narrows, a key touched again is indexed under an earlier time than before, and its old entry's
-    wide span says nothing about when its newest event stops mattering.
+    keys need now. Due are ``at`` and every entry whose timer fires in the same batch (Spark fires
+    those before the watermark). A key is settled at its newest entry only: indexed again later, it
+    was touched since and that entry decides (now if it is due too, else when it is). It goes
+    unread when that entry's time is behind the watermark and the narrowest span the key was
+    indexed with in any of its entries covers what its keyset needs now; it is read when an entry of
+    it predates recorded spans or a wider rule has arrived since. The narrowest, not the newest
+    entry's: after a rule narrows, a key touched again is indexed under an earlier time than
+    before, and its old entry's wide span says nothing about when its newest event stops mattering.
     """
     newest: dict[str, int] = {}
     narrowest: dict[str, int | None] = {}
@@ -129,9 +135,10 @@ def settle_expiry(
         for key in keys:
             if newest.get(key, time) <= time:
                 newest[key] = time
-            span = None if spans is None else spans.get(key.split(KEY_SEPARATOR, 1)[0])
+            span = None if spans is None else spans.get(_keyset(key))
             known = narrowest.get(key, span)
             narrowest[key] = None if span is None or known is None else min(span, known)
+    due = [time for time in entries if time < watermark or time == at]
     unread: set[str] = set()
     read: set[str] = set()
     for time in due:
@@ -139,9 +146,9 @@ def settle_expiry(
             if newest[key] != time:
                 continue
             span = narrowest[key]
-            covered = span is not None and watermark > time and span_of(key.split(KEY_SEPARATOR, 1)[0]) <= span
+            covered = span is not None and watermark > time and span_of(_keyset(key)) <= span
             (unread if covered else read).add(key)
-    return unread, read
+    return due, unread, read
 
 
 # The per-key layout's record of which keys a shard stores, kept under a history key no state key
@@ -341,12 +348,12 @@ class RuleProcessor(StatefulProcessor):
         # number of index entries and timers per batch small; a key is purged at most that late.
         steps: dict[str, int] = {}
         for key in expiry_ms:
-            keyset = key.split(KEY_SEPARATOR, 1)[0]
+            keyset = _keyset(key)
             if keyset not in steps:
                 eighth = book.retention_ms(keyset) // 8
                 steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
         for bucket, keys in expiry_buckets(expiry_ms, steps).items():
-            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in {key.split(KEY_SEPARATOR, 1)[0] for key in keys}}
+            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in {_keyset(key) for key in keys}}
             existing = self.expiry.getValue((bucket,))
             if existing:
                 old_spans, old_keys = _read_entry(existing[0])
@@ -406,11 +413,10 @@ class RuleProcessor(StatefulProcessor):
         watermark = timerValues.getCurrentWatermarkInMs()
         book = self._book()
         entries = {time: _read_entry(value[0]) for (time,), value in self.expiry.iterator()}
-        # Every entry whose timer fires in this batch (Spark fires those before the watermark) is
-        # settled now: the shard's stored-key set and index are then read and written once per
-        # batch instead of once per timer (a backlog batch has up to MAX_INDEX_ENTRIES a shard).
-        due = [time for time in entries if time < watermark or time == at]
-        unread, keys = settle_expiry(entries, due, watermark, lambda keyset: _span(book, keyset))
+        # Every entry whose timer fires in this batch is settled now: the shard's stored-key set and
+        # index are then read and written once per batch instead of once per timer (a backlog
+        # batch has up to MAX_INDEX_ENTRIES a shard).
+        due, unread, keys = settle_expiry(entries, at, watermark, lambda keyset: _span(book, keyset))
         for time in due:
             self.expiry.removeKey((time,))
         self.history.open(fresh=False)
@@ -420,7 +426,7 @@ class RuleProcessor(StatefulProcessor):
             if blob is None:
                 continue
             cols, memory = decode_history(blob)
-            keyset = state_key.split(KEY_SEPARATOR, 1)[0]
+            keyset = _keyset(state_key)
             last = newest_time(cols["eventTime"], memory)
             expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
             if expires < watermark:
