@@ -13,7 +13,7 @@ from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.landing import check_landing, check_recorded_source
 from rulewatch.spark.metrics import ensure_metrics_table, record
 from rulewatch.spark.session import is_databricks
-from rulewatch.spark.sinks import append_once
+from rulewatch.spark.sinks import append_once, per_run
 
 
 def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int | None = None) -> DataFrame:
@@ -108,7 +108,7 @@ def start_bronze(
         read_source(spark, source)
         .writeStream.queryName("rulewatch_bronze")
         .option("checkpointLocation", lakehouse.checkpoint("bronze"))
-        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     return writer.start()

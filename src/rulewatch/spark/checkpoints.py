@@ -1,8 +1,8 @@
 """Checks a streaming checkpoint against the tables its query writes, before the query starts.
 
 Spark silently starts a query from scratch when its checkpoint folder is missing or empty. For
-rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks (Delta ``txnAppId``
-+ ``txnVersion``, see sinks.py) skip every batch id they already hold, and bronze re-ingests every
+rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks (sinks.py) skip
+every batch id they already hold, and bronze re-ingests every
 landed file. So before a query starts, the last batch planned in its checkpoint must be at least the
 last batch any of its sinks committed; a damaged checkpoint file is reported by path instead of as a
 stack trace from inside Spark. The other way round, every table must still hold every batch the
@@ -28,6 +28,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.sinks import HISTORY_DEPTH, history_batches, sink_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -121,14 +122,33 @@ def _actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
 
 
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
-    """``{txnAppId: last txnVersion}`` for the idempotent writers of ``table`` whose id starts with the prefix.
+    """``{sink: newest batch}`` for the idempotent writers of ``table`` whose name starts with the prefix.
 
+    From Delta's ``txn`` records (which only a run's first batch writes, sinks.py) and the
+    ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits (which every append writes).
     """
     log = Path(table, "_delta_log")
     latest: dict[str, int] = {}
-    for _, txn in _actions(log, ("txn",)) if log.is_dir() else ():
-        if txn["appId"].startswith(app_id_prefix):
-            latest[txn["appId"]] = max(latest.get(txn["appId"], -1), txn["version"])
+
+    def seen(sink: str, batch: int) -> None:
+        if sink.startswith(app_id_prefix):
+            latest[sink] = max(latest.get(sink, -1), batch)
+
+    if not log.is_dir():
+        return latest
+    for _, txn in _actions(log, ("txn",)):
+        seen(txn["appId"], txn["version"])
+    commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
+    for commit in commits[:HISTORY_DEPTH]:
+        try:
+            lines = commit.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            continue  # removed by Delta's log cleanup since the listing: older than its retention
+        for line in lines:
+            if line.startswith('{"commitInfo"'):
+                found = sink_batch(json.loads(line)["commitInfo"].get("userMetadata"))
+                if found:
+                    seen(*found)
     return latest
 
 
@@ -172,11 +192,6 @@ class LogFiles:
         return _rows_written(metrics_table, layers)
 
 
-# A bound on the history read per table: the newest commits are the ones compared, and reading a
-# long-lived table's whole history (one commit per micro-batch) would cost more than the run.
-HISTORY_DEPTH = 1000
-
-
 @dataclass
 class CatalogCommits:
     """Catalog tables, through Spark: ``DESCRIBE HISTORY`` (the newest ``HISTORY_DEPTH`` commits, each
@@ -189,17 +204,7 @@ class CatalogCommits:
 
         if not tables.exists(self.spark, table):
             return {}
-        latest: dict[str, int] = {}
-        history = self.spark.sql(f"DESCRIBE HISTORY {tables.table_ref(table)} LIMIT {HISTORY_DEPTH}")
-        for row in history.where("userMetadata IS NOT NULL").select("userMetadata").collect():
-            try:
-                txn = json.loads(row.userMetadata)
-                app_id, version = txn["txnAppId"], int(txn["txnVersion"])
-            except (ValueError, KeyError, TypeError):
-                continue  # someone else's metadata
-            if isinstance(app_id, str) and app_id.startswith(app_id_prefix):
-                latest[app_id] = max(latest.get(app_id, -1), version)
-        return latest
+        return history_batches(self.spark, table, app_id_prefix)
 
     def rows_written(self, metrics_table: str, layers: list[str]) -> dict[str, int]:
         from pyspark.sql import functions as F

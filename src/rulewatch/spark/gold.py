@@ -30,7 +30,7 @@ from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.rules_table import ensure_rules_table
 from rulewatch.spark.session import session_confs
 from rulewatch.spark.settings import GoldSettings
-from rulewatch.spark.sinks import append_once, batch_column, crash_point, together
+from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -270,7 +270,7 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

@@ -3,7 +3,7 @@
 The batch job keeps bronze and silver as separate tasks (each retried on its own); live mode
 (``rulewatch stream`` / ``demo``) runs this one query instead: every landing micro-batch is
 appended to ``bronze/transactions`` and, at the same time, classified into silver / quarantine /
-duplicates in the same ``foreachBatch``, each write idempotent per batch (``txnAppId`` ``rulewatch.ingest.*``), with
+duplicates in the same ``foreachBatch``, each write idempotent per batch (sinks ``rulewatch.ingest.*``), with
 both layers' ``pipeline_metrics`` rows in one commit. Both ways read every landed file, so a
 lakehouse is ingested one way only (checkpoints.check_queries refuses the other).
 """
@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rulewatch.spark import bronze, silver
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import metrics_row, record_rows
-from rulewatch.spark.sinks import together
+from rulewatch.spark.sinks import per_run, together
 
 QUERY = "ingest"
 
@@ -58,7 +58,7 @@ def start_ingest(spark: SparkSession, source: bronze.Source, lakehouse: Lakehous
         bronze.read_source(spark, source)
         .writeStream.queryName("rulewatch_ingest")
         .option("checkpointLocation", lakehouse.checkpoint(QUERY))
-        .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, lakehouse))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse)))
         .trigger(processingTime=processing_time)
         .start()
     )

@@ -31,7 +31,7 @@ from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 from rulewatch.spark import schema, tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.engine.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
-from rulewatch.spark.sinks import append_once
+from rulewatch.spark.sinks import append_once, per_run
 
 # Delta records this session setting in each commit's ``userMetadata``; apply_rules tags its MERGE
 # with it so the history can name who deleted a rule (a delete leaves no post-image to stamp).
@@ -457,7 +457,7 @@ def start_rule_history(
     writer = (
         changes.writeStream.queryName(HISTORY_QUERY)
         .option("checkpointLocation", lakehouse.checkpoint("rule_history"))
-        .foreachBatch(lambda df, batch_id: write_rule_history_batch(df, batch_id, lakehouse))
+        .foreachBatch(per_run(lambda df, batch_id: write_rule_history_batch(df, batch_id, lakehouse)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "10 seconds")
     return writer.start()

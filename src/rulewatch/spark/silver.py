@@ -22,7 +22,7 @@ from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import ensure_metrics_table, record
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, future_tolerance
-from rulewatch.spark.sinks import append_once, batch_column, together
+from rulewatch.spark.sinks import append_once, batch_column, per_run, together
 
 MAX_AMOUNT = 10**12
 WHITESPACE = " \t\r\n"  # JSON's whitespace
@@ -410,7 +410,7 @@ def start_silver(
         tables.read_stream(spark.readStream.format("delta"), lakehouse.bronze_transactions)
         .writeStream.queryName("rulewatch_silver")
         .option("checkpointLocation", lakehouse.checkpoint("silver"))
-        .foreachBatch(lambda df, batch_id: process_batch(df, batch_id, lakehouse))
+        .foreachBatch(per_run(lambda df, batch_id: process_batch(df, batch_id, lakehouse)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     return writer.start()

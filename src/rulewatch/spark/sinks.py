@@ -1,19 +1,25 @@
 """Delta sinks that are idempotent per micro-batch.
 
-``foreachBatch`` is at-least-once: after a crash the same batch id runs again. Every table write
-carries Delta's ``txnAppId`` + ``txnVersion``, so Delta skips a write it has already committed
-for that (sink, batch) and a replayed batch neither loses nor duplicates a row.
+``foreachBatch`` is at-least-once: after a crash the same batch id runs again. Only the first
+batch of a query's run can be such a replay (a query starts with the batch its last run planned,
+and a failed batch ends the run), so only that batch pays for the check (``per_run``): it skips a
+(sink, batch) the table's history already holds, and writes with Delta's ``txnAppId`` +
+``txnVersion`` as a second guard. Later batches of the run append without it — Delta answers
+``txnVersion`` by reconstructing the table's state, more than half of a small append's cost
+(docs/benchmarks.md). Every commit names its (sink, batch) in ``userMetadata``, which is what the
+check and checkpoints.py read.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark import tables
@@ -30,23 +36,89 @@ def crash_point(sink: str, batch_id: int, moment: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# Whether the running batch may repeat one an earlier run wrote: true unless ``per_run`` knows it
+# is a later batch of its run (so writes outside a streaming query are always checked).
+_MAY_REPEAT: contextvars.ContextVar[bool] = contextvars.ContextVar("rulewatch_may_repeat", default=True)
+
+# A bound on the history read per table: the newest commits are the ones compared, and reading a
+# long-lived table's whole history (one commit per micro-batch) would cost more than the run.
+HISTORY_DEPTH = 1000
+
+
+class _PerRun:
+    # A class at module level, not a closure: Spark Connect pickles the foreachBatch function, and
+    # a closure would carry the ContextVar by value (which cannot be pickled), a class by reference.
+    def __init__(self, write: Callable[[DataFrame, int], None]) -> None:
+        self.write = write
+        self.first: int | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.first is None:
+            self.first = batch_id
+        token = _MAY_REPEAT.set(batch_id == self.first)
+        try:
+            self.write(batch, batch_id)
+        finally:
+            _MAY_REPEAT.reset(token)
+
+
+def per_run(write: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+    """``write`` as a ``foreachBatch`` function whose ``append_once`` calls check for a repeat only
+    in the first batch it is called with; make a new one for every query start."""
+    return _PerRun(write)
+
+
 def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None) -> None:
     """Append ``df`` to ``table`` unless batch ``batch_id`` of ``sink`` already did.
 
-    ``rows=0`` (the caller counted ``df`` empty) skips the commit: with ``txnAppId`` each append pays
-    a Delta state reconstruction (~0.5 s locally), and an empty one adds nothing a replay could repeat.
-    The commit also carries (sink, batch) as its ``userMetadata``: the one place ``DESCRIBE HISTORY``
-    shows it, for catalog tables whose log cannot be read as files (checkpoints.py).
+    ``rows=0`` (the caller counted ``df`` empty) skips the commit: an empty append adds nothing a
+    replay could repeat, and each commit costs ~0.3 s locally. The commit carries (sink, batch) as
+    its ``userMetadata``, the one record every append leaves (``DESCRIBE HISTORY`` shows it).
     """
     crash_point(sink, batch_id, "before")
     if rows != 0:
-        writer = df.write.format("delta").mode("append").option("txnAppId", sink).option("txnVersion", batch_id)
-        tables.save(writer.option("userMetadata", batch_metadata(sink, batch_id)), table)
+        writer = df.write.format("delta").mode("append").option("userMetadata", batch_metadata(sink, batch_id))
+        if not _MAY_REPEAT.get():
+            tables.save(writer, table)
+        elif _newest_batch(df.sparkSession, table, sink) < batch_id:
+            tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id), table)
     crash_point(sink, batch_id, "after")
 
 
 def batch_metadata(sink: str, batch_id: int) -> str:
     return json.dumps({"txnAppId": sink, "txnVersion": batch_id})
+
+
+def sink_batch(user_metadata: Any) -> tuple[str, int] | None:
+    """The (sink, batch) a commit's ``userMetadata`` names, or None (no metadata, or someone else's)."""
+    try:
+        txn = json.loads(user_metadata)
+        sink, batch = txn["txnAppId"], int(txn["txnVersion"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (sink, batch) if isinstance(sink, str) else None
+
+
+def _newest_batch(spark: SparkSession, table: str, sink: str) -> int:
+    """The newest batch ``sink`` appended to ``table`` (-1: none), looking at a few commits first:
+    a sink's newest commit is almost always among them, and a long history costs a file read per commit."""
+    for depth in (20, HISTORY_DEPTH):
+        found = history_batches(spark, table, sink, depth)
+        if sink in found:
+            return found[sink]
+    return -1
+
+
+def history_batches(spark: SparkSession, table: str, app_id_prefix: str, depth: int = HISTORY_DEPTH) -> dict[str, int]:
+    """``{sink: newest batch}`` of the sinks whose name starts with the prefix, from the newest
+    ``depth`` commits' ``userMetadata`` (``DESCRIBE HISTORY``: path and catalog tables alike)."""
+    history = spark.sql(f"DESCRIBE HISTORY {tables.table_ref(table)} LIMIT {depth}")
+    latest: dict[str, int] = {}
+    for row in history.where("userMetadata IS NOT NULL").select("userMetadata").collect():
+        found = sink_batch(row.userMetadata)
+        if found and found[0].startswith(app_id_prefix):
+            latest[found[0]] = max(latest.get(found[0], -1), found[1])
+    return latest
 
 
 def batch_column(name: str, batch_id: int) -> Column:
@@ -68,6 +140,7 @@ def together(writes: Sequence[Callable[[], None]]) -> None:
             write()
         return
     with ThreadPoolExecutor(max_workers=len(writes), thread_name_prefix="rulewatch-sink") as pool:
-        futures = [pool.submit(write) for write in writes]
+        # Each in a copy of this thread's context: a write must know whether its batch may repeat (per_run).
+        futures = [pool.submit(contextvars.copy_context().run, write) for write in writes]
     for future in futures:  # the pool has waited for every one
         future.result()

@@ -48,7 +48,7 @@ def exists(spark: SparkSession, table: str) -> bool:
 
 
 def save(writer: DataFrameWriter, table: str) -> None:
-    """Run ``writer`` (format, mode and options set) into the existing ``table``; Delta's ``txnAppId`` options hold for both."""
+    """Run ``writer`` (format, mode and options set) into the existing ``table``; Delta's write options hold for both."""
     if is_table_name(table):
         writer.saveAsTable(table_ref(table))
     else:
