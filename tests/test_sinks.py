@@ -4,13 +4,15 @@ append happens once per (sink, batch), checked only where a run can repeat a bat
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from rulewatch.spark.checkpoints import committed_batches
-from rulewatch.spark.sinks import append_once, per_run, together
-from rulewatch.spark.tables import ensure_table
+from rulewatch.spark.sinks import append_once, history_batches, per_run, together
+from rulewatch.spark.tables import ensure_table, read
 
 
 def test_writes_run_at_the_same_time():
@@ -47,40 +49,61 @@ def test_one_write_runs_in_the_calling_thread():
     assert threads == [threading.current_thread()]
 
 
-def _commits(table: str) -> list[tuple[dict | None, bool]]:
+def _log(spark, table: str) -> Path:
+    """A path table's Delta log folder, or a catalog table's (from its location)."""
+    if Path(table).is_absolute():
+        return Path(table, "_delta_log")
+    return Path(urlparse(spark.sql(f"DESCRIBE DETAIL {table}").first().location).path, "_delta_log")
+
+
+def _commits(log: Path) -> list[tuple[dict | None, bool]]:
     """Each commit's (userMetadata as JSON, whether it holds a Delta txn record), oldest first."""
     found = []
-    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
+    for commit in sorted(log.glob("*.json")):
         actions = [json.loads(line) for line in commit.read_text().splitlines()]
         meta = next(a["commitInfo"].get("userMetadata") for a in actions if "commitInfo" in a)
         found.append((json.loads(meta) if meta else None, any("txn" in a for a in actions)))
     return found
 
 
+@pytest.fixture(params=["path", "catalog"])
+def two_tables(request, spark, tmp_path):
+    """Path tables are checked through their log files, catalog tables through DESCRIBE HISTORY."""
+    if request.param == "path":
+        yield [str(tmp_path / "a"), str(tmp_path / "b")]
+        return
+    schema = f"spark_catalog.rulewatch_sinks_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE SCHEMA {schema}")
+    yield [f"{schema}.a", f"{schema}.b"]
+    spark.sql(f"DROP SCHEMA {schema} CASCADE")
+
+
 @pytest.mark.spark
-def test_only_a_runs_first_batch_is_checked_and_a_repeat_of_it_is_skipped(spark, tmp_path):
-    tables = [str(tmp_path / "a"), str(tmp_path / "b")]
-    for table in tables:
+def test_only_a_runs_first_batch_is_checked_and_a_repeat_of_it_is_skipped(spark, two_tables):
+    sink = {t: f"rulewatch.test.{t[-1]}" for t in two_tables}
+    for table in two_tables:
         ensure_table(spark, table, spark.range(1).schema)
 
     def write(batch, batch_id):  # two tables at once, as a micro-batch writes them
-        together([lambda t=t: append_once(batch, t, f"rulewatch.test.{Path(t).name}", batch_id) for t in tables])
+        together([lambda t=t: append_once(batch, t, sink[t], batch_id) for t in two_tables])
 
     run = per_run(write)
     for batch_id in (5, 6, 7):
         run(spark.range(batch_id), batch_id)  # batch 5: 5 rows, 6: 6, 7: 7
-    for table in tables:
+    for table in two_tables:
         # The run's first batch writes Delta's txn record; later ones only name themselves.
-        assert [(m["txnVersion"], txn) for m, txn in _commits(table)[1:]] == [(5, True), (6, False), (7, False)]
-        assert committed_batches(table, "rulewatch.test.") == {f"rulewatch.test.{Path(table).name}": 7}
+        assert [(m["txnVersion"], txn) for m, txn in _commits(_log(spark, table))[1:]] == [(5, True), (6, False), (7, False)]
+        # Both ways of reading which batches a table holds agree.
+        assert committed_batches(str(_log(spark, table).parent), "rulewatch.test.") == {sink[table]: 7}
+        assert history_batches(spark, table, "rulewatch.test.") == {sink[table]: 7}
 
     # A new run starts with the batch the last one planned: 7 repeats (skipped although Delta's
     # txn record says 5), 8 is new.
     again = per_run(write)
     again(spark.range(7), 7)
     again(spark.range(8), 8)
-    for table in tables:
-        assert spark.read.format("delta").load(table).count() == 5 + 6 + 7 + 8
+    for table in two_tables:
+        assert read(spark, table).count() == 5 + 6 + 7 + 8
     # Outside a streaming query every write is checked.
-    append_once(spark.range(3), tables[0], "rulewatch.test.a", 8)
-    assert spark.read.format("delta").load(tables[0]).count() == 26
+    append_once(spark.range(3), two_tables[0], sink[two_tables[0]], 8)
+    assert read(spark, two_tables[0]).count() == 26

@@ -2,10 +2,10 @@
 
 Spark silently starts a query from scratch when its checkpoint folder is missing or empty. For
 rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks (sinks.py) skip
-every batch id they already hold, and bronze re-ingests every
-landed file. So before a query starts, the last batch planned in its checkpoint must be at least the
-last batch any of its sinks committed; a damaged checkpoint file is reported by path instead of as a
-stack trace from inside Spark. The other way round, every table must still hold every batch the
+every batch id they already hold, and bronze re-ingests every landed file. So before a query
+starts, the last batch planned in its checkpoint must be at least the last batch any of its sinks
+committed; a damaged checkpoint file is reported by path instead of as a stack trace from inside
+Spark. The other way round, every table must still hold every batch the
 checkpoint has committed (a lost Delta commit), and a stateful query its state folders.
 docs/reliability.md has the recovery steps the errors point to.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -28,7 +29,7 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.sinks import HISTORY_DEPTH, history_batches, sink_batch
+from rulewatch.spark.sinks import HISTORY_DEPTH, history_batches, newest_per_sink, sink_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -128,16 +129,14 @@ def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits (which every append writes).
     """
     log = Path(table, "_delta_log")
-    latest: dict[str, int] = {}
-
-    def seen(sink: str, batch: int) -> None:
-        if sink.startswith(app_id_prefix):
-            latest[sink] = max(latest.get(sink, -1), batch)
-
     if not log.is_dir():
-        return latest
-    for _, txn in _actions(log, ("txn",)):
-        seen(txn["appId"], txn["version"])
+        return {}
+    txns = ((txn["appId"], txn["version"]) for _, txn in _actions(log, ("txn",)))
+    return newest_per_sink(chain(txns, _commit_metadata(log)), app_id_prefix)
+
+
+def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:
+    """The (sink, batch) in the ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits."""
     commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
     for commit in commits[:HISTORY_DEPTH]:
         try:
@@ -146,10 +145,7 @@ def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
             continue  # removed by Delta's log cleanup since the listing: older than its retention
         for line in lines:
             if line.startswith('{"commitInfo"'):
-                found = sink_batch(json.loads(line)["commitInfo"].get("userMetadata"))
-                if found:
-                    seen(*found)
-    return latest
+                yield sink_batch(json.loads(line)["commitInfo"].get("userMetadata"))
 
 
 def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """gold/pipeline_metrics: one row per micro-batch of each layer, written like every other sink.
 
 Each layer's row goes in as its own sink (``rulewatch.metrics.<query>``, sinks.append_once), so a
-replayed batch neither loses nor repeats its metrics row. Latencies are measured from times recorded in the data (bronze ingest time,
-event time) to the moment the gold batch has committed its alerts.
+replayed batch neither loses nor repeats its metrics row. Latencies are measured from times
+recorded in the data (bronze ingest time, event time) to the moment the gold batch has committed
+its alerts.
 """
 
 from __future__ import annotations
