@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from rulewatch.spark.checkpoints import committed_batches
+from rulewatch.spark.checkpoints import committed_batches, newest_committed_batch
 from rulewatch.spark.sinks import append_once, history_batches, per_run, together
 from rulewatch.spark.tables import ensure_table, read
 
@@ -107,3 +107,17 @@ def test_only_a_runs_first_batch_is_checked_and_a_repeat_of_it_is_skipped(spark,
     # Outside a streaming query every write is checked.
     append_once(spark.range(3), two_tables[0], sink[two_tables[0]], 8)
     assert read(spark, two_tables[0]).count() == 26
+
+
+@pytest.mark.spark
+def test_a_sinks_newest_batch_comes_from_the_newest_commit_naming_it_else_from_delta_txn(spark, tmp_path):
+    table = str(tmp_path / "t")
+    ensure_table(spark, table, spark.range(1).schema)
+    # As a table written before every append named itself: only Delta's txn record says batch 3.
+    spark.range(1).write.format("delta").mode("append").option("txnAppId", "rulewatch.test.t").option("txnVersion", 3).save(table)
+    assert newest_committed_batch(table, "rulewatch.test.t") == 3
+    append_once(spark.range(1), table, "rulewatch.test.t", 4)
+    append_once(spark.range(1), table, "rulewatch.test.u", 9)  # another sink's newer commit
+    assert newest_committed_batch(table, "rulewatch.test.t") == 4
+    assert newest_committed_batch(table, "rulewatch.test.u") == 9
+    assert newest_committed_batch(table, "rulewatch.test.v") == -1

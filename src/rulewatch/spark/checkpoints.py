@@ -135,6 +135,21 @@ def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     return newest_per_sink(chain(txns, _commit_metadata(log)), app_id_prefix)
 
 
+def newest_committed_batch(table: str, sink: str) -> int:
+    """The newest batch ``sink`` appended to the path table ``table`` (-1: none), reading few files.
+
+    Commits are read newest first and the first one naming the sink answers: one sink's batches
+    commit in order. Only a sink that none of the newest ``HISTORY_DEPTH`` commits names falls back
+    to Delta's ``txn`` records. On a mounted volume every file read is a round trip to object
+    storage, so this stops as soon as it can.
+    """
+    log = Path(table, "_delta_log")
+    for found in _commit_metadata(log):
+        if found and found[0] == sink:
+            return found[1]
+    return max((txn["version"] for _, txn in _actions(log, ("txn",)) if txn["appId"] == sink), default=-1)
+
+
 def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:
     """The (sink, batch) in the ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits."""
     commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
