@@ -26,7 +26,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
-from rulewatch.spark.checkpoints import CheckpointError, check_queries, committed_batches, last_planned_batch
+from rulewatch.cli.main import main
+from rulewatch.spark.checkpoints import CheckpointError, check_queries, last_planned_batch
+from rulewatch.spark.delta_log import committed_batches
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
 from rulewatch.spark.sinks import CRASH_AT_ENV, append_once
@@ -284,6 +286,15 @@ def test_a_lost_middle_commit_is_found(copy):
     middle.unlink()
     with pytest.raises(CheckpointError, match=f"{copy.silver_transactions} is missing commit 1 .*{middle.name}"):
         check_queries(copy, "silver")
+
+
+def test_the_cli_names_a_lost_commit_in_one_line_and_exits_2(crashed, copy, capsys):
+    log = Path(copy.silver_transactions, "_delta_log")
+    sorted(log.glob("*.json"))[1].unlink()
+    landing = str(Path(crashed.lakehouse.root).parent / "landing")
+    assert main(["run", "--lakehouse", copy.root, "--landing", landing, "--rules", RULES]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rulewatch: Delta table {copy.silver_transactions} is missing commit 1 ") and "Traceback" not in err
 
 
 def test_a_deleted_state_folder_is_refused(spark, copy):

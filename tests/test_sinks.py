@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from rulewatch.spark.checkpoints import committed_batches, newest_committed_batch
+from rulewatch.spark.delta_log import committed_batches, newest_committed_batch
 from rulewatch.spark.sinks import append_once, history_batches, per_run, together
 from rulewatch.spark.tables import ensure_table, read
 

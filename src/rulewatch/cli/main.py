@@ -245,7 +245,7 @@ USER_ERRORS = {
     "rulewatch.spark.rules_table": ("RulesConflict",),
     "rulewatch.spark.lakehouse": ("LakehouseBusy", "LakehouseUnwritable"),
     "rulewatch.spark.landing": ("LandingError",),
-    "rulewatch.spark.checkpoints": ("CheckpointError",),
+    "rulewatch.spark.delta_log": ("CheckpointError",),
     "rulewatch.kafka.client": ("KafkaConfigError",),
 }
 

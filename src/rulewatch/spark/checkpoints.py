@@ -5,8 +5,8 @@ rulewatch that would lose data: batch ids restart at 0, so the idempotent sinks 
 every batch id they already hold, and bronze re-ingests every landed file. So before a query
 starts, the last batch planned in its checkpoint must be at least the last batch any of its sinks
 committed; a damaged checkpoint file is reported by path instead of as a stack trace from inside
-Spark. The other way round, every table must still hold every batch the
-checkpoint has committed (a lost Delta commit), and a stateful query its state folders.
+Spark. The other way round, every table must still hold every batch the checkpoint has committed
+(a lost Delta commit), and a stateful query its state folders.
 docs/reliability.md has the recovery steps the errors point to.
 
 Both sides are read as plain files, so the check needs a local or mounted path (a UC volume);
@@ -19,8 +19,6 @@ metrics table's rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -29,16 +27,11 @@ from urllib.parse import unquote
 import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.sinks import HISTORY_DEPTH, history_batches, newest_per_sink, sink_batch
+from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
+from rulewatch.spark.sinks import history_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-RECOVERY = "see 'Recovery' in docs/reliability.md"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed safely: names the checkpoint and what to do."""
 
 
 def _numbered(folder: Path) -> list[int]:
@@ -82,92 +75,11 @@ def last_planned_batch(checkpoint: str) -> int:
     return offsets[-1] if offsets else -1
 
 
-def _log_versions(log: Path) -> tuple[int, list[int]]:
-    """(newest checkpoint version or -1, the commit versions after it), refusing a gap.
-
-    Delta reads a table as the checkpoint plus every later commit; a commit file missing from that
-    run (removed by hand, lost on object storage) silently drops its rows if it was the newest one,
-    or breaks every read if not. Either way nothing more may be written before it is restored.
-    """
-    checkpoint_version = -1
-    if (log / "_last_checkpoint").exists():
-        checkpoint_version = json.loads((log / "_last_checkpoint").read_text())["version"]
-    versions = sorted(int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name.split(".")[0].isdigit())
-    later = [v for v in versions if v > checkpoint_version]
-    expected = range(checkpoint_version + 1, (later[-1] + 1) if later else checkpoint_version + 1)
-    missing = sorted(set(expected) - set(later))
-    if missing:
-        raise CheckpointError(
-            f"Delta table {log.parent} is missing commit {missing[0]} ({log / f'{missing[0]:020d}.json'}): its rows "
-            f"are no longer part of the table. Do not run until it is restored (from a backup or a versioned "
-            f"bucket), or rebuild the table's layer: {RECOVERY}"
-        )
-    return checkpoint_version, later
-
-
-def _actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's.
-
-    Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
-    cleanup has removed the early commit files.
-    """
-    checkpoint_version, later = _log_versions(log)
-    for part in sorted(log.glob(f"{checkpoint_version:020d}.checkpoint*.parquet")):
-        table = pq.read_table(part, columns=list(kinds))
-        for kind in kinds:
-            yield from ((kind, a) for a in table.column(kind).to_pylist() if a)
-    for version in later:
-        for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
-            action = json.loads(line)
-            yield from ((kind, action[kind]) for kind in kinds if kind in action)
-
-
-def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
-    """``{sink: newest batch}`` for the idempotent writers of ``table`` whose name starts with the prefix.
-
-    From Delta's ``txn`` records (which only a run's first batch writes, sinks.py) and the
-    ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits (which every append writes).
-    """
-    log = Path(table, "_delta_log")
-    if not log.is_dir():
-        return {}
-    txns = ((txn["appId"], txn["version"]) for _, txn in _actions(log, ("txn",)))
-    return newest_per_sink(chain(txns, _commit_metadata(log)), app_id_prefix)
-
-
-def newest_committed_batch(table: str, sink: str) -> int:
-    """The newest batch ``sink`` appended to the path table ``table`` (-1: none), reading few files.
-
-    Commits are read newest first and the first one naming the sink answers: one sink's batches
-    commit in order. Only a sink that none of the newest ``HISTORY_DEPTH`` commits names falls back
-    to Delta's ``txn`` records. On a mounted volume every file read is a round trip to object
-    storage, so this stops as soon as it can.
-    """
-    log = Path(table, "_delta_log")
-    for found in _commit_metadata(log):
-        if found and found[0] == sink:
-            return found[1]
-    return max((txn["version"] for _, txn in _actions(log, ("txn",)) if txn["appId"] == sink), default=-1)
-
-
-def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:
-    """The (sink, batch) in the ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits."""
-    commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
-    for commit in commits[:HISTORY_DEPTH]:
-        try:
-            lines = commit.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            continue  # removed by Delta's log cleanup since the listing: older than its retention
-        for line in lines:
-            if line.startswith('{"commitInfo"'):
-                yield sink_batch(json.loads(line)["commitInfo"].get("userMetadata"))
-
-
 def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
     """Table -> the newest batch of ``layers`` that appended rows to it, per ``pipeline_metrics``."""
     log = Path(metrics_table, "_delta_log")
     live: dict[str, None] = {}
-    for kind, action in _actions(log, ("add", "remove")) if log.is_dir() else ():
+    for kind, action in actions(log, ("add", "remove")) if log.is_dir() else ():
         if kind == "add":
             live[action["path"]] = None
         else:

@@ -13,17 +13,17 @@ check and checkpoints.py read.
 from __future__ import annotations
 
 import contextvars
-import json
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark import tables
+from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_committed_batch, newest_per_sink, sink_batch
 
 
 # Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.
@@ -40,11 +40,6 @@ def crash_point(sink: str, batch_id: int, moment: str) -> None:
 # Whether the running batch may repeat one an earlier run wrote: true unless ``per_run`` knows it
 # is a later batch of its run (so writes outside a streaming query are always checked).
 _MAY_REPEAT: contextvars.ContextVar[bool] = contextvars.ContextVar("rulewatch_may_repeat", default=True)
-
-# A bound on the history read per table: the newest commits are the ones compared, and reading a
-# long-lived table's whole history (one commit per micro-batch) would cost more than the run.
-HISTORY_DEPTH = 1000
-
 
 class _PerRun:
     # A class at module level, not a closure: Spark Connect pickles the foreachBatch function, and
@@ -86,29 +81,6 @@ def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int |
     crash_point(sink, batch_id, "after")
 
 
-def batch_metadata(sink: str, batch_id: int) -> str:
-    return json.dumps({"txnAppId": sink, "txnVersion": batch_id})
-
-
-def sink_batch(user_metadata: Any) -> tuple[str, int] | None:
-    """The (sink, batch) a commit's ``userMetadata`` names, or None (no metadata, or someone else's)."""
-    try:
-        txn = json.loads(user_metadata)
-        sink, batch = txn["txnAppId"], int(txn["txnVersion"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (sink, batch) if isinstance(sink, str) else None
-
-
-def newest_per_sink(found: Iterable[tuple[str, int] | None], app_id_prefix: str) -> dict[str, int]:
-    """``{sink: newest batch}`` of the (sink, batch) pairs (None: not a sink's) whose sink starts with the prefix."""
-    latest: dict[str, int] = {}
-    for pair in found:
-        if pair and pair[0].startswith(app_id_prefix):
-            latest[pair[0]] = max(latest.get(pair[0], -1), pair[1])
-    return latest
-
-
 def _newest_batch(spark: SparkSession, table: str, sink: str) -> int:
     """The newest batch ``sink`` appended to ``table`` (-1: none).
 
@@ -116,8 +88,6 @@ def _newest_batch(spark: SparkSession, table: str, sink: str) -> int:
     ``DESCRIBE HISTORY``, 5 s for the first one in a process); otherwise the history is read a
     few commits first. Either way a sink's newest commit is almost always among the newest few."""
     if Path(table, "_delta_log").is_dir():
-        from rulewatch.spark.checkpoints import newest_committed_batch  # it imports this module
-
         return newest_committed_batch(table, sink)
     for depth in (20, HISTORY_DEPTH):
         found = history_batches(spark, table, sink, depth)
