@@ -103,7 +103,8 @@ NON_PYTHON_CELLS = {"%sql", "%sh", "%scala", "%r", "%md", "%fs"}
 
 
 def notebook_widgets(path: Path) -> dict[str, bool]:
-    """Widget name -> whether the call gives an explicit default, from every ``widget(...)`` / ``path_widget(...)`` call."""
+    """Widget name -> whether the call gives an explicit default, from every ``widget(...)`` / ``path_widget(...)`` /
+    ``int_widget(...)`` call."""
     nb = nbformat.read(path, as_version=4)
     widgets: dict[str, bool] = {}
     for cell in nb.cells:
@@ -117,7 +118,7 @@ def notebook_widgets(path: Path) -> dict[str, bool]:
                 continue
             func = node.func
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-            if name not in ("widget", "path_widget"):  # path_widget: a widget whose value is then resolved as a path
+            if name not in ("widget", "path_widget", "int_widget"):  # a widget whose value is then read as a path / a number
                 continue
             assert node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str), (
                 f"{path.name}: widget name must be a string literal so the bundle can be checked: {ast.unparse(node)}"
@@ -133,10 +134,11 @@ def test_widget_parser_reads_names_and_defaults(tmp_path):
         nbformat.v4.new_code_cell('%pip install x\nfrom rulewatch.spark.widgets import widget\na = widget("a")\nb = widget("b", "1")'),
         nbformat.v4.new_code_cell('%sql SELECT widget("nope")'),
         nbformat.v4.new_code_cell('import rulewatch.spark.widgets as w\nc = int(w.widget("c", default="2"))\nprint("widget(\\"d\\")")'),
+        nbformat.v4.new_code_cell('from rulewatch.spark.widgets import int_widget\ne = int_widget("e", 3)'),
     ]
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)
-    assert notebook_widgets(path) == {"a": False, "b": True, "c": True}
+    assert notebook_widgets(path) == {"a": False, "b": True, "c": True, "e": True}
 
 
 @pytest.mark.parametrize(("job_key", "task_key"), TASKS)

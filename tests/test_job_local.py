@@ -15,6 +15,7 @@ from chispa import assert_df_equality
 from conftest import FIXTURES, ROOT
 from rulewatch.cli.main import main
 from rulewatch.cli.jobs import JobError, JobRunFailed, load_bundle, run_job_locally, task_order, task_parameters
+from rulewatch.spark.checkpoints import GOLD_LAYOUT
 
 
 @pytest.mark.spark
@@ -23,11 +24,14 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
     lines: list[str] = []
     results = run_job_locally(
         None,
-        {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json")},
+        # Another evaluator layout than the CLI run's: the job parameters reach gold, and the alerts do not change.
+        {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json"),
+         "shards": "4", "state_slots": "8"},
         log=lines.append,
         root=ROOT,
-    )
+    )  # fmt: skip
     assert [(r.task_key, r.status) for r in results] == [("setup", "ok"), ("bronze", "ok"), ("silver", "ok"), ("gold", "ok")]
+    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 4, "state_slots": 8}
     assert [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in lines[1:]] == [
         "[1/4] setup ... ok (Ns)",
         "[2/4] bronze ... ok (Ns)",
@@ -182,8 +186,9 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
         "lakehouse": "/lh", "tables": "", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
         "kafka_bootstrap": "", "kafka_topic": "", "kafka_starting_offsets": "earliest", "kafka_max_offsets": "",
-        "alerts_topic": "", "kafka_secret_scope": "",
+        "alerts_topic": "", "kafka_secret_scope": "", "shards": "16", "state_slots": "0",
     }  # fmt: skip
+    assert (params["gold"]["shards"], params["gold"]["state_slots"]) == ("16", "0")
     # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
     assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"
 

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 
 from conftest import ROOT, cell_text
 from rulewatch.spark.pipeline import NO_RULES_WARNING
-from rulewatch.spark.widgets import repository_root, resolve_path, widget_env
+from rulewatch.spark.widgets import int_widget, repository_root, resolve_path, widget_env
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -58,6 +58,15 @@ def test_paths_resolve_against_the_repository_root_and_absolute_ones_stay(tmp_pa
     assert resolve_path("fixtures/rules.json") == str(root.resolve() / "fixtures" / "rules.json")
     for given in ("/Volumes/main/fraud/lakehouse", "s3://bucket/landing", ""):
         assert resolve_path(given) == given
+
+
+def test_a_number_widget_names_itself_when_its_value_is_not_a_number(monkeypatch):
+    assert int_widget("shards", 16) == 16  # unset: the default
+    monkeypatch.setenv("RULEWATCH_WIDGET_SHARDS", " 4 ")
+    assert int_widget("shards", 16) == 4
+    monkeypatch.setenv("RULEWATCH_WIDGET_SHARDS", "four")
+    with pytest.raises(ValueError, match="^widget shards must be a whole number, got 'four'$"):
+        int_widget("shards", 16)
 
 
 def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(tmp_path):

@@ -70,6 +70,15 @@ def resolve_path(value: str, root: Path | None = None) -> str:
     return str((base / value).resolve())
 
 
+def int_widget(name: str, default: int) -> int:
+    """A text widget holding a whole number; anything else fails naming the widget and the value."""
+    value = widget(name, str(default)).strip()
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"widget {name} must be a whole number, got {value!r}") from None
+
+
 def path_widget(name: str, default: str = "") -> str:
     """A widget naming a file or folder (:func:`widget`), resolved by :func:`resolve_path`."""
     return resolve_path(widget(name, default))
