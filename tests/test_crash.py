@@ -189,6 +189,11 @@ def test_every_landed_line_is_accounted_for_exactly_once(spark, crashed):
     assert (after.quarantined, after.duplicates) == (2, 2)
     bronze = spark.read.format("delta").load(crashed.lakehouse.bronze_transactions)
     assert bronze.groupBy("value", "source_file").count().where("count > 1").count() == 2  # only the repeated lines
+    # Bronze's first batch was killed after its append committed: the replay skipped the append and
+    # must still count the batch's lines for its metrics row.
+    metrics = spark.read.format("delta").load(crashed.lakehouse.pipeline_metrics).where("layer = 'bronze'")
+    assert metrics.agg(F.sum("rows_in")).first()[0] == crashed.landed_lines
+    assert metrics.groupBy("batch_id").count().where("count > 1").count() == 0
 
 
 @pytest.fixture

@@ -64,21 +64,25 @@ def per_run(write: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int
     return _PerRun(write)
 
 
-def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None) -> None:
-    """Append ``df`` to ``table`` unless batch ``batch_id`` of ``sink`` already did.
+def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None) -> bool:
+    """Append ``df`` to ``table`` unless batch ``batch_id`` of ``sink`` already did; True if it appended.
 
     ``rows=0`` (the caller counted ``df`` empty) skips the commit: an empty append adds nothing a
     replay could repeat, and each commit costs ~0.3 s locally. The commit carries (sink, batch) as
     its ``userMetadata``, the one record every append leaves (``DESCRIBE HISTORY`` shows it).
     """
     crash_point(sink, batch_id, "before")
+    appended = False
     if rows != 0:
         writer = df.write.format("delta").mode("append").option("userMetadata", batch_metadata(sink, batch_id))
         if not _MAY_REPEAT.get():
             tables.save(writer, table)
+            appended = True
         elif _newest_batch(df.sparkSession, table, sink) < batch_id:
             tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id), table)
+            appended = True
     crash_point(sink, batch_id, "after")
+    return appended
 
 
 def _newest_batch(spark: SparkSession, table: str, sink: str) -> int:
