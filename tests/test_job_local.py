@@ -57,11 +57,14 @@ def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run
     shutil.copytree(FIXTURES / "transactions", landing)
     results = run_job_locally(
         "rulewatch_live",
-        {"lakehouse": str(lakehouse), "landing": str(landing), "rules_file": str(FIXTURES / "rules.json"), "duration": "75"},
+        # Not the live defaults (4, 0): the job parameters reach the evaluator.
+        {"lakehouse": str(lakehouse), "landing": str(landing), "rules_file": str(FIXTURES / "rules.json"), "duration": "75",
+         "shards": "2", "state_slots": "4"},
         log=lambda _: None,
         root=ROOT,
-    )
+    )  # fmt: skip
     assert [(r.task_key, r.status) for r in results] == [("live", "ok")]
+    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 2, "state_slots": 4}
     columns = ["rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "event_count"]
     assert_df_equality(
         spark.read.format("delta").load(str(lakehouse / "gold" / "alerts")).select(*columns),

@@ -61,6 +61,7 @@ def test_paths_resolve_against_the_repository_root_and_absolute_ones_stay(tmp_pa
 
 
 def test_a_number_widget_names_itself_when_its_value_is_not_a_number(monkeypatch):
+    monkeypatch.delenv("RULEWATCH_WIDGET_SHARDS", raising=False)
     assert int_widget("shards", 16) == 16  # unset: the default
     monkeypatch.setenv("RULEWATCH_WIDGET_SHARDS", " 4 ")
     assert int_widget("shards", 16) == 4
