@@ -9,9 +9,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.kafka.source import KafkaSource, read_kafka
+from rulewatch.spark import tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.landing import check_landing, check_recorded_source
 from rulewatch.spark.metrics import ensure_metrics_table, record
+from rulewatch.spark.schema import BRONZE
 from rulewatch.spark.session import is_databricks
 from rulewatch.spark.sinks import append_once, per_run
 
@@ -83,6 +85,14 @@ def append(lines: DataFrame, lakehouse: Lakehouse, batch_id: int, layer: str = "
 def landed_counts(lakehouse: Lakehouse, lines: int) -> dict:
     """The bronze ``pipeline_metrics`` values of a batch of ``lines`` landed lines."""
     return {"rows_in": lines, "rows_out": lines, "rows_written": {lakehouse.name_of(lakehouse.bronze_transactions): lines}}
+
+
+def ensure_bronze_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    # Statistics only for what reads filter on; the lines themselves are long text (tables.ensure_table).
+    tables.ensure_table(
+        spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata",
+        stats_columns=["ingest_time", "source_file", "kafka_partition", "kafka_offset"],
+    )  # fmt: skip
 
 
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:

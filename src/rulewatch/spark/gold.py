@@ -243,7 +243,10 @@ def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     ensure_rules_table(spark, lakehouse)
     ensure_commands_table(spark, lakehouse)
     tables.ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
-    tables.ensure_table(spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch")
+    tables.ensure_table(
+        spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch",
+        stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
+    )  # fmt: skip
     tables.ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
     tables.ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
     ensure_metrics_table(spark, lakehouse)

@@ -14,14 +14,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch.spark.bronze import Source, check_source, start_bronze
+from rulewatch.spark.bronze import Source, check_source, ensure_bronze_table, start_bronze
 from rulewatch.spark.checkpoints import check_queries
 from rulewatch.spark.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.landing import LandingReport, audit
 from rulewatch.spark.rules_table import RuleChange, apply_rules_file, run_rule_history
-from rulewatch.spark.schema import BRONZE
 from rulewatch.spark.silver import ensure_silver_tables, start_silver
 from rulewatch.spark import tables
 
@@ -38,7 +37,7 @@ def _run(query: StreamingQuery, name: str, log: Log) -> None:
 
 def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Every table the job reads or writes, so each stream can start on an empty lakehouse."""
-    tables.ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    ensure_bronze_table(spark, lakehouse)
     ensure_silver_tables(spark, lakehouse)
     ensure_gold_tables(spark, lakehouse)
 
@@ -49,7 +48,7 @@ def run_bronze(spark: SparkSession, lakehouse: Lakehouse, source: Source, log: L
     Returns the landing report, or None for Kafka: its offsets are in the checkpoint, and records
     lost to retention before they were read stop the query instead of being skipped.
     """
-    tables.ensure_table(spark, lakehouse.bronze_transactions, BRONZE, "Landed lines, untouched, with ingestion metadata")
+    ensure_bronze_table(spark, lakehouse)
     check_queries(lakehouse, "bronze", spark=spark)
     check_source(lakehouse, source)
     started = time.time()
