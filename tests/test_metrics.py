@@ -1,22 +1,11 @@
-"""pipeline_metrics: nearest-rank latency percentiles, and rows written behind live batches."""
+"""Latency figures of pipeline_metrics: nearest-rank percentiles over alert latencies."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pyspark.sql import functions as F
 
-from rulewatch.spark.checkpoints import check_queries
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import (
-    PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
-)  # fmt: skip
-from rulewatch.spark.sinks import per_run
-from rulewatch.spark.tables import read
+from rulewatch.spark.metrics import latency_columns, percentile
 
 
 def test_nearest_rank_percentiles_are_observed_values():
@@ -40,51 +29,3 @@ def test_latencies_run_from_ingest_and_event_time_to_the_commit():
     assert (cols["latency_p50_ms"], cols["latency_max_ms"]) == (500, 1_000)
     assert (cols["event_latency_p50_ms"], cols["event_latency_p99_ms"]) == (1_400, 1_500)
     assert latency_columns([], [], 2_000)["latency_p99_ms"] is None
-
-
-def _rows(spark, lakehouse: Lakehouse, layer: str) -> list[tuple[int, int]]:
-    metrics = read(spark, lakehouse.pipeline_metrics).where(F.col("layer") == layer)
-    return sorted((r.batch_id, r.rows_in) for r in metrics.collect())
-
-
-@pytest.mark.spark
-def test_rows_written_behind_their_batches_reach_the_table_once_in_order(spark, tmp_path):
-    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
-    ensure_metrics_table(spark, lakehouse)
-    recorder = Recorder(lakehouse, "gold", behind=True)
-    started = time.time()
-
-    def batch(_, batch_id):  # as a live gold batch ends: its row handed over, the batch returns
-        recorder.record_rows(spark, batch_id, [metrics_row("gold", batch_id, started, started + 0.5, rows_in=batch_id * 10)])
-
-    run = per_run(batch)
-    for batch_id in range(4):
-        run(None, batch_id)
-    recorder.drain()
-    assert _rows(spark, lakehouse, "gold") == [(b, b * 10) for b in range(4)]
-    assert not list(Path(lakehouse.checkpoint("gold"), PENDING).iterdir())
-    row = read(spark, lakehouse.pipeline_metrics).where("batch_id = 3").first()
-    # The times survive the file: the same instants as written at once.
-    assert (row.batch_end - row.batch_start).total_seconds() == 0.5 and row.processing_ms == 500
-    assert abs(row.batch_start.timestamp() - started) < 1e-3
-
-
-@pytest.mark.spark
-def test_rows_a_killed_run_left_pending_are_appended_once(spark, tmp_path):
-    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
-    ensure_metrics_table(spark, lakehouse)
-    now = time.time()
-    rows = {b: [metrics_row("gold", b, now, now, rows_in=b)] for b in (7, 8)}
-    killed = Recorder(lakehouse, "gold", behind=True)
-    # Batch 7's row reached the table but its file was not removed yet; batch 8's never did.
-    killed.record_rows(spark, 7, rows[7])
-    killed.drain()
-    for b in (7, 8):
-        _write_pending(lakehouse, "gold", b, rows[b])
-    flush_pending(spark, lakehouse, "gold")
-    assert _rows(spark, lakehouse, "gold") == [(7, 7), (8, 8)]
-    assert not list(Path(lakehouse.checkpoint("gold"), PENDING).iterdir())
-    # The start-up checks append them first (tests/test_live_crash.py kills a run to leave them).
-    _write_pending(lakehouse, "gold", 9, [metrics_row("gold", 9, now, now)])
-    with pytest.raises(ValueError, match="needs a SparkSession"):
-        check_queries(lakehouse, "gold")

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -35,7 +35,7 @@ from rulewatch.kafka.client import ensure_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import Recorder, percentile
+from rulewatch.spark.metrics import percentile
 from rulewatch.spark.pipeline import ensure_all_tables
 from rulewatch.spark.session import session_confs
 
@@ -55,34 +55,21 @@ class LiveSettings:
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
 
 
-@dataclass
-class Streams:
-    """The running queries, in data-flow order, and what writes their metrics rows behind them."""
-
-    queries: list[StreamingQuery]
-    recorders: list[Recorder]
-
-
-def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
+def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
     check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout)  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
-    recorders = [Recorder.for_live(spark, lakehouse, query) for query in LAYERS]
     with session_confs(spark, partitions):
-        ingest = start_ingest(spark, source, lakehouse, settings.trigger, recorders[0])
-        gold = start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1])
-        return Streams([ingest, gold], recorders)
+        ingest = start_ingest(spark, source, lakehouse, settings.trigger)
+        return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
 
 
-def stop_streams(streams: Streams) -> None:
-    """Stop upstream first; each ``stop`` lets the running micro-batch's commit finish or not start.
-    Then the last metrics rows are appended, so what a run reports after its stop is complete."""
-    for query in streams.queries:
+def stop_streams(queries: Iterable[StreamingQuery]) -> None:
+    """Stop upstream first; each ``stop`` lets the running micro-batch's commit finish or not start."""
+    for query in queries:
         query.stop()
-    for recorder in streams.recorders:
-        recorder.drain()
 
 
 def _epoch_ms(timestamp: str) -> int:
@@ -159,46 +146,40 @@ class Monitor:
         self._last_gold_batch = -1 if latest is None else latest
 
     def _new_alerts(self) -> list[Alert]:
-        """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
+        """Alerts of the gold batches finished since the last poll, timed to their batch's commit.
 
-        The row is written after the batch's alerts committed (behind the batch, metrics.Recorder),
-        so its ``batch_end`` is when they were committed: an alert is timed to it, and waits for it.
+        A batch's ``pipeline_metrics`` row is written after its alerts, so its ``batch_end`` is when
+        they were committed; without that row, the alert's own ``decision_time`` (batch start) is used.
         """
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
             return []
-        committed = {
-            r.batch_id: r.committed_ms
-            for r in tables.read(self.spark, self.lakehouse.pipeline_metrics)
-            .where((F.col("layer") == "gold") & F.col("batch_id").between(self._last_gold_batch + 1, done))
-            .select("batch_id", F.unix_millis("batch_end").alias("committed_ms"))
-            .collect()
-        }
-        if not committed:
-            return []
-        done = max(committed)
+        batches = F.col("gold_batch_id").between(self._last_gold_batch + 1, done)
+        committed = (
+            tables.read(self.spark, self.lakehouse.pipeline_metrics)
+            .where(F.col("layer") == "gold")
+            .select(F.col("batch_id").alias("gold_batch_id"), F.unix_millis("batch_end").alias("committed_ms"))
+            .where(batches)
+        )
+        decided = F.coalesce("committed_ms", F.unix_millis("decision_time"))
         rows = (
             tables.read(self.spark, self.lakehouse.alerts)
-            .where(F.col("gold_batch_id").between(self._last_gold_batch + 1, done))
+            .where(batches)
+            .join(committed, "gold_batch_id", "left")
             .select(
-                "gold_batch_id",
                 "rule_id",
                 "group_key",
                 "transaction_id",
                 F.col("aggregate_value").cast("string").alias("aggregate"),
                 "event_count",
-                F.unix_millis("ingest_time").alias("ingest_ms"),
-                F.unix_millis("event_time").alias("event_ms"),
+                decided.alias("decision_ms"),
+                (decided - F.unix_millis("ingest_time")).alias("latency_ms"),
+                (decided - F.unix_millis("event_time")).alias("event_latency_ms"),
             )
             .collect()
         )
         self._last_gold_batch = done
-        alerts = []
-        for r in rows:
-            decided = committed[r.gold_batch_id]
-            latency = None if r.ingest_ms is None else decided - r.ingest_ms
-            alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
-        return alerts
+        return [Alert(**r.asDict()) for r in rows]
 
     def poll(self) -> tuple[str, list[Alert]]:
         """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll."""
@@ -444,8 +425,7 @@ def demo(
         landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
         source = str(landing)
     monitor = _monitor(spark, lakehouse)
-    streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries = streams.queries
+    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     change: RuleChangeTiming | None = None
@@ -472,8 +452,7 @@ def demo(
         log("interrupted: stopping the generator and the streams")
     finally:
         stop.set()
-        stop_streams(streams)
-    monitor.poll()  # the last batches' alerts: their metrics rows are in now
+        stop_streams(queries)
     run_prefix = f"{config.run_id}-"
     alerts = [a for a in monitor.alerts if a.transaction_id.startswith(run_prefix)]
     run_labels = [label for label in generate.read_labels(labels) if label.transaction_ids[0].startswith(run_prefix)]
@@ -506,16 +485,14 @@ def stream(
 ) -> Monitor:
     """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
     monitor = _monitor(spark, lakehouse)
-    streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries = streams.queries
+    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
     deadline = time.monotonic() + duration if duration else float("inf")
     try:
         follow(monitor, lambda: time.monotonic() > deadline, log)
     except KeyboardInterrupt:
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
-        stop_streams(streams)
-    monitor.poll()  # the last batches' alerts: their metrics rows are in now
+        stop_streams(queries)
     return monitor
 
 
