@@ -2,8 +2,9 @@
 
 The same generated lines as test_crash.py, from a landing folder or a Kafka topic, through the live
 queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
-batch (silver committed, quarantine, duplicates and metrics not), at a random moment, and inside a
-gold batch; the last attempt runs until drained. Alerts must equal the job's over the same lines,
+batch (silver committed, quarantine, duplicates and metrics not), at a random moment, inside a
+gold batch, and after a gold batch kept its metrics row for a later commit; the last attempt runs
+until drained. Alerts must equal the job's over the same lines,
 each once; every line must be in bronze once and in exactly one of silver, quarantine, duplicates.
 From Kafka the alerts also go to an alerts topic, which must hold every gold alert (at least once: a
 replayed batch repeats its records, identical, so a repeat never differs from the first).
@@ -25,6 +26,7 @@ from rulewatch.spark.checkpoints import last_planned_batch
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.metrics import PENDING
 from rulewatch.spark.pipeline import run_all, summarize
 from test_crash import RULES, _alerts, _files, _land, run_cli
 
@@ -78,12 +80,24 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached
     if _stream(lakehouse, options, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
-    gold_batch = last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
+    def next_gold_batch() -> int:
+        return last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
+
+    # After a gold batch kept its metrics row in a file for a later commit (rows of earlier batches too).
+    gold_batch = next_gold_batch()
+    if _stream(lakehouse, options, DRAIN_SECONDS, crash_at=f"rulewatch.metrics.gold:{gold_batch}:kept") == -signal.SIGKILL:
+        kills.append(f"gold batch {gold_batch} with its metrics row kept")
+    gold_batch = next_gold_batch()
     if _stream(lakehouse, options, DRAIN_SECONDS, crash_at=f"rulewatch.gold.alerts:{gold_batch}:after") == -signal.SIGKILL:
         kills.append(f"gold batch {gold_batch} after alerts")
     assert _stream(lakehouse, options, DRAIN_SECONDS) == 0
 
     assert len(kills) >= 2, kills
+    # Every gold batch the checkpoint committed has its metrics row, once (none left in a file).
+    metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
+    committed = max(int(p.name) for p in Path(lakehouse.checkpoint("gold"), "commits").iterdir() if p.name.isdigit())
+    assert sorted(r.batch_id for r in metrics.where(f"batch_id <= {committed}").collect()) == list(range(committed + 1)), kills
+    assert not any(Path(lakehouse.checkpoint("gold"), PENDING).glob("*.json"))
     expected, actual = _alerts(spark, expected_lakehouse), _alerts(spark, lakehouse)
     assert len(expected) > 20
     assert actual == expected, kills  # none missing, none twice

@@ -1,11 +1,22 @@
-"""Latency figures of pipeline_metrics: nearest-rank percentiles over alert latencies."""
+"""pipeline_metrics: nearest-rank latency percentiles, and live batches' rows gathered into fewer commits."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
-from rulewatch.spark.metrics import latency_columns, percentile
+from rulewatch.spark.checkpoints import check_queries
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.metrics import (
+    PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
+)  # fmt: skip
+from rulewatch.spark.sinks import per_run
+from rulewatch.spark.tables import read
 
 
 def test_nearest_rank_percentiles_are_observed_values():
@@ -29,3 +40,59 @@ def test_latencies_run_from_ingest_and_event_time_to_the_commit():
     assert (cols["latency_p50_ms"], cols["latency_max_ms"]) == (500, 1_000)
     assert (cols["event_latency_p50_ms"], cols["event_latency_p99_ms"]) == (1_400, 1_500)
     assert latency_columns([], [], 2_000)["latency_p99_ms"] is None
+
+
+def _rows(spark, lakehouse: Lakehouse, layer: str) -> list[tuple[int, int]]:
+    metrics = read(spark, lakehouse.pipeline_metrics).where(F.col("layer") == layer)
+    return sorted((r.batch_id, r.rows_in) for r in metrics.collect())
+
+
+@pytest.mark.spark
+def test_rows_gathered_over_batches_reach_the_table_once_in_order(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_metrics_table(spark, lakehouse)
+    recorder = Recorder(lakehouse, "gold", every=3600)
+    started = time.time()
+    commits = lambda: len(list(Path(lakehouse.pipeline_metrics, "_delta_log").glob("*.json")))  # noqa: E731
+    before = commits()
+
+    def batch(_, batch_id):  # as a live gold batch ends
+        recorder.record_rows(spark, batch_id, [metrics_row("gold", batch_id, started, started + 0.5, rows_in=batch_id * 10)])
+
+    run = per_run(batch)
+    for batch_id in range(4):
+        run(None, batch_id)
+    assert commits() == before and _rows(spark, lakehouse, "gold") == []  # kept, not committed
+    recorder.flush(spark)  # as a stop does
+    assert commits() == before + 1  # four batches' rows, one commit
+    assert _rows(spark, lakehouse, "gold") == [(b, b * 10) for b in range(4)]
+    assert not list(Path(lakehouse.checkpoint("gold"), PENDING).iterdir())
+    row = read(spark, lakehouse.pipeline_metrics).where("batch_id = 3").first()
+    # The times survive the file: the same instants as written at once.
+    assert (row.batch_end - row.batch_start).total_seconds() == 0.5 and row.processing_ms == 500
+    assert abs(row.batch_start.timestamp() - started) < 1e-3
+    # Past ``every`` seconds, the batch that ends commits what was kept.
+    recorder.every = 1e-9
+    run(None, 4)
+    assert _rows(spark, lakehouse, "gold")[-1] == (4, 40) and commits() == before + 2
+
+
+@pytest.mark.spark
+def test_rows_a_killed_run_left_kept_are_appended_once(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_metrics_table(spark, lakehouse)
+    now = time.time()
+    rows = {b: [metrics_row("gold", b, now, now, rows_in=b)] for b in (6, 7, 8)}
+    # Batches 6 and 7 were committed together, but the kill came before their files were removed.
+    for b in (6, 7):
+        _write_pending(lakehouse, "gold", b, rows[b])
+    flush_pending(spark, lakehouse, "gold")
+    for b in (6, 7, 8):
+        _write_pending(lakehouse, "gold", b, rows[b])
+    flush_pending(spark, lakehouse, "gold")
+    assert _rows(spark, lakehouse, "gold") == [(6, 6), (7, 7), (8, 8)]
+    assert not list(Path(lakehouse.checkpoint("gold"), PENDING).iterdir())
+    # The start-up checks append them first (tests/test_live_crash.py kills a run to leave them).
+    _write_pending(lakehouse, "gold", 9, [metrics_row("gold", 9, now, now)])
+    with pytest.raises(ValueError, match="needs a SparkSession"):
+        check_queries(lakehouse, "gold")

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
+from rulewatch.spark.metrics import flush_pending
 from rulewatch.spark.sinks import history_batches
 
 if TYPE_CHECKING:
@@ -295,12 +296,14 @@ def check_queries(lakehouse: Lakehouse, *queries: str, spark: "SparkSession | No
     """``check_checkpoint`` for each named rulewatch query (bronze, silver, ingest, gold, rule_history) of ``lakehouse``.
 
     Also refuses to start an ingest query on a lakehouse the other ingest way has used. A lakehouse
-    of catalog tables needs ``spark`` to see their commits."""
+    of catalog tables needs ``spark`` to see their commits. First appends the metrics rows a live
+    run left pending (metrics.Recorder): they record committed writes, and the checks read them."""
     if lakehouse.schema and spark is None:
         raise ValueError(f"checking the catalog tables of {lakehouse.schema} needs a SparkSession (spark=...)")
     commits: Commits = CatalogCommits(spark) if lakehouse.schema else LogFiles()
     sinks = _query_sinks(lakehouse)
     for query in queries:
         _check_one_ingest_way(lakehouse, query)
+        flush_pending(spark, lakehouse, query)
         check_checkpoint(lakehouse.checkpoint(query), sinks[query], commits)
         check_tables_not_behind(lakehouse, query, sinks[query], commits)

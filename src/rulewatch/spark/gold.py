@@ -25,7 +25,7 @@ from rulewatch.kafka.client import KafkaTopic
 from rulewatch.spark.keying import fan_out, keysets
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.packing import pack
-from rulewatch.spark.metrics import ensure_metrics_table, latency_columns, record
+from rulewatch.spark.metrics import Recorder, ensure_metrics_table, latency_columns, metrics_row
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.rules_table import ensure_rules_table
 from rulewatch.spark.session import session_confs
@@ -102,6 +102,7 @@ def write_batch(
     out: DataFrame,
     batch_id: int,
     lakehouse: Lakehouse,
+    recorder: Recorder,
     state_totals: StateTotals | None = None,
     alerts_topic: KafkaTopic | None = None,
 ) -> None:
@@ -176,8 +177,8 @@ def write_batch(
         together(writes)
         committed_ms = round(time.time() * 1000)
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
-        record(
-            out.sparkSession, lakehouse, "gold", batch_id, started,
+        row = metrics_row(
+            "gold", batch_id, started, time.time(),
             **counts,
             rows_out=counts["alerts"],
             rows_written=written,
@@ -185,6 +186,7 @@ def write_batch(
             state_bytes_total=bytes_total,
             **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
         )  # fmt: skip
+        recorder.record_rows(out.sparkSession, batch_id, [row])
     finally:
         out.unpersist()
 
@@ -264,8 +266,11 @@ def start_gold(
     settings: GoldSettings = GoldSettings(),
     available_now: bool = True,
     processing_time: str | None = None,
+    recorder: Recorder | None = None,
 ) -> StreamingQuery:
+    """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise."""
     ensure_gold_tables(spark, lakehouse)
+    recorder = recorder or Recorder(lakehouse, "gold")
     check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)
     holder: dict = {}
     totals = _state_totals_of(holder)
@@ -273,7 +278,7 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, totals, settings.alerts_topic)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, totals, settings.alerts_topic)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

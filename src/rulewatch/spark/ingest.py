@@ -4,8 +4,9 @@ The batch job keeps bronze and silver as separate tasks (each retried on its own
 (``rulewatch stream`` / ``demo``) runs this one query instead: every landing micro-batch is
 appended to ``bronze/transactions`` and, at the same time, classified into silver / quarantine /
 duplicates in the same ``foreachBatch``, each write idempotent per batch (sinks ``rulewatch.ingest.*``), with
-both layers' ``pipeline_metrics`` rows in one commit. Both ways read every landed file, so a
-lakehouse is ingested one way only (checkpoints.check_queries refuses the other).
+both layers' ``pipeline_metrics`` rows in one commit, written behind the batch (metrics.Recorder).
+Both ways read every landed file, so a lakehouse is ingested one way only (checkpoints.check_queries
+refuses the other).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark import bronze, silver
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import metrics_row, record_rows
+from rulewatch.spark.metrics import Recorder, metrics_row
 from rulewatch.spark.sinks import per_run, together
 
 QUERY = "ingest"
 
 
-def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder) -> None:
     started = time.time()
     lines = bronze.numbered(batch).persist()
     try:
@@ -46,19 +47,19 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
             metrics_row("bronze", batch_id, started, done["bronze"], **bronze.landed_counts(lakehouse, landed)),
             metrics_row("silver", batch_id, started, done["silver"], **counts),
         ]
-        record_rows(batch.sparkSession, lakehouse, QUERY, batch_id, rows)
+        recorder.record_rows(batch.sparkSession, batch_id, rows)
     finally:
         lines.unpersist()
 
 
-def start_ingest(spark: SparkSession, source: bronze.Source, lakehouse: Lakehouse, processing_time: str) -> StreamingQuery:
+def start_ingest(spark: SparkSession, source: bronze.Source, lakehouse: Lakehouse, processing_time: str, recorder: Recorder) -> StreamingQuery:
     """Landing folder or Kafka topic -> bronze + silver continuously (the tables must exist: ``ensure_all_tables``)."""
     silver.ensure_silver_tables(spark, lakehouse)
     return (
         bronze.read_source(spark, source)
         .writeStream.queryName("rulewatch_ingest")
         .option("checkpointLocation", lakehouse.checkpoint(QUERY))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder)))
         .trigger(processingTime=processing_time)
         .start()
     )

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -35,7 +35,7 @@ from rulewatch.kafka.client import ensure_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import percentile
+from rulewatch.spark.metrics import Recorder, percentile
 from rulewatch.spark.pipeline import ensure_all_tables
 from rulewatch.spark.session import session_confs
 
@@ -53,23 +53,38 @@ class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
     gold: GoldSettings = GoldSettings(shards=4)
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
+    metrics_every: float = 30.0  # seconds between pipeline_metrics commits (each a batch's rows, or several)
 
 
-def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> list[StreamingQuery]:
+@dataclass
+class Streams:
+    """The running queries, in data-flow order, and what gathers their metrics rows."""
+
+    spark: SparkSession
+    queries: list[StreamingQuery]
+    recorders: list[Recorder]
+
+
+def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
     check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout)  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
+    recorders = [Recorder.for_live(lakehouse, query, settings.metrics_every) for query in LAYERS]
     with session_confs(spark, partitions):
-        ingest = start_ingest(spark, source, lakehouse, settings.trigger)
-        return [ingest, start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger)]
+        ingest = start_ingest(spark, source, lakehouse, settings.trigger, recorders[0])
+        gold = start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1])
+        return Streams(spark, [ingest, gold], recorders)
 
 
-def stop_streams(queries: Iterable[StreamingQuery]) -> None:
-    """Stop upstream first; each ``stop`` lets the running micro-batch's commit finish or not start."""
-    for query in queries:
+def stop_streams(streams: Streams) -> None:
+    """Stop upstream first; each ``stop`` lets the running micro-batch's commit finish or not start.
+    Then the metrics rows gathered since the last commit are appended, so what a run reports is complete."""
+    for query in streams.queries:
         query.stop()
+    for recorder in streams.recorders:
+        recorder.flush(streams.spark)
 
 
 def _epoch_ms(timestamp: str) -> int:
@@ -146,40 +161,46 @@ class Monitor:
         self._last_gold_batch = -1 if latest is None else latest
 
     def _new_alerts(self) -> list[Alert]:
-        """Alerts of the gold batches finished since the last poll, timed to their batch's commit.
+        """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
 
-        A batch's ``pipeline_metrics`` row is written after its alerts, so its ``batch_end`` is when
-        they were committed; without that row, the alert's own ``decision_time`` (batch start) is used.
+        The row records when the batch's alerts committed (``batch_end``); live queries append rows
+        several batches at a time (metrics.Recorder), so an alert is timed once its row is in.
         """
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
             return []
-        batches = F.col("gold_batch_id").between(self._last_gold_batch + 1, done)
-        committed = (
-            tables.read(self.spark, self.lakehouse.pipeline_metrics)
-            .where(F.col("layer") == "gold")
-            .select(F.col("batch_id").alias("gold_batch_id"), F.unix_millis("batch_end").alias("committed_ms"))
-            .where(batches)
-        )
-        decided = F.coalesce("committed_ms", F.unix_millis("decision_time"))
+        committed = {
+            r.batch_id: r.committed_ms
+            for r in tables.read(self.spark, self.lakehouse.pipeline_metrics)
+            .where((F.col("layer") == "gold") & F.col("batch_id").between(self._last_gold_batch + 1, done))
+            .select("batch_id", F.unix_millis("batch_end").alias("committed_ms"))
+            .collect()
+        }
+        if not committed:
+            return []
+        done = max(committed)
         rows = (
             tables.read(self.spark, self.lakehouse.alerts)
-            .where(batches)
-            .join(committed, "gold_batch_id", "left")
+            .where(F.col("gold_batch_id").between(self._last_gold_batch + 1, done))
             .select(
+                "gold_batch_id",
                 "rule_id",
                 "group_key",
                 "transaction_id",
                 F.col("aggregate_value").cast("string").alias("aggregate"),
                 "event_count",
-                decided.alias("decision_ms"),
-                (decided - F.unix_millis("ingest_time")).alias("latency_ms"),
-                (decided - F.unix_millis("event_time")).alias("event_latency_ms"),
+                F.unix_millis("ingest_time").alias("ingest_ms"),
+                F.unix_millis("event_time").alias("event_ms"),
             )
             .collect()
         )
         self._last_gold_batch = done
-        return [Alert(**r.asDict()) for r in rows]
+        alerts = []
+        for r in rows:
+            decided = committed[r.gold_batch_id]
+            latency = None if r.ingest_ms is None else decided - r.ingest_ms
+            alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
+        return alerts
 
     def poll(self) -> tuple[str, list[Alert]]:
         """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll."""
@@ -425,7 +446,8 @@ def demo(
         landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
         source = str(landing)
     monitor = _monitor(spark, lakehouse)
-    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
+    streams = start_streams(spark, lakehouse, source, settings)
+    monitor.queries = streams.queries
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     change: RuleChangeTiming | None = None
@@ -452,7 +474,8 @@ def demo(
         log("interrupted: stopping the generator and the streams")
     finally:
         stop.set()
-        stop_streams(queries)
+        stop_streams(streams)
+    monitor.poll()  # the last batches' alerts: their metrics rows are in now
     run_prefix = f"{config.run_id}-"
     alerts = [a for a in monitor.alerts if a.transaction_id.startswith(run_prefix)]
     run_labels = [label for label in generate.read_labels(labels) if label.transaction_ids[0].startswith(run_prefix)]
@@ -485,14 +508,16 @@ def stream(
 ) -> Monitor:
     """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
     monitor = _monitor(spark, lakehouse)
-    queries = monitor.queries = start_streams(spark, lakehouse, source, settings)
+    streams = start_streams(spark, lakehouse, source, settings)
+    monitor.queries = streams.queries
     deadline = time.monotonic() + duration if duration else float("inf")
     try:
         follow(monitor, lambda: time.monotonic() > deadline, log)
     except KeyboardInterrupt:
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
-        stop_streams(queries)
+        stop_streams(streams)
+    monitor.poll()  # the last batches' alerts: their metrics rows are in now
     return monitor
 
 

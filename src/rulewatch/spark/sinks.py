@@ -27,7 +27,8 @@ from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_comm
 
 
 # Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.
-# "rulewatch.gold.alerts:1:after", SIGKILLs this process at that point of that write. A kill is the
+# "rulewatch.gold.alerts:1:after", SIGKILLs this process at that point of that write (metrics.py
+# adds "kept": a batch's metrics rows kept in a file for a later commit). A kill is the
 # harshest failure (no finally, no shutdown hook), so surviving it covers every softer one.
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
@@ -78,14 +79,14 @@ def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int |
         if not _MAY_REPEAT.get():
             tables.save(writer, table)
             appended = True
-        elif _newest_batch(df.sparkSession, table, sink) < batch_id:
+        elif newest_batch(df.sparkSession, table, sink) < batch_id:
             tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id), table)
             appended = True
     crash_point(sink, batch_id, "after")
     return appended
 
 
-def _newest_batch(spark: SparkSession, table: str, sink: str) -> int:
+def newest_batch(spark: SparkSession, table: str, sink: str) -> int:
     """The newest batch ``sink`` appended to ``table`` (-1: none).
 
     A path table whose log this process sees is read as files (~1 ms against 0.2-0.5 s for a
