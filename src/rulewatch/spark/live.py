@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,11 +35,12 @@ from rulewatch.kafka.client import ensure_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import Recorder, percentile
+from rulewatch.spark.metrics import Recorder, kept_rows, percentile
 from rulewatch.spark.pipeline import ensure_all_tables
 from rulewatch.spark.session import session_confs
 
 LAYERS = ("ingest", "gold")
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 ROOT = Path(__file__).resolve().parents[3]
 DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.json"]
 Log = Callable[[str], None]
@@ -163,16 +164,23 @@ class Monitor:
     def _new_alerts(self) -> list[Alert]:
         """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
 
-        The row records when the batch's alerts committed (``batch_end``); live queries append rows
-        several batches at a time (metrics.Recorder), so an alert is timed once its row is in.
+        The row records when the batch's alerts committed (``batch_end``). Live queries append rows
+        several batches at a time (metrics.Recorder) and keep them in files until then, so both
+        are read: an alert is shown once its batch's row exists, in a file or in the table.
         """
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
             return []
+        batches = range(self._last_gold_batch + 1, done + 1)
         committed = {
+            r["batch_id"]: (r["batch_end"] - EPOCH) // timedelta(milliseconds=1)  # as unix_millis: exact, floored
+            for r in kept_rows(self.lakehouse, "gold")
+            if r["batch_id"] in batches
+        }
+        committed |= {
             r.batch_id: r.committed_ms
             for r in tables.read(self.spark, self.lakehouse.pipeline_metrics)
-            .where((F.col("layer") == "gold") & F.col("batch_id").between(self._last_gold_batch + 1, done))
+            .where((F.col("layer") == "gold") & F.col("batch_id").between(batches.start, done))
             .select("batch_id", F.unix_millis("batch_end").alias("committed_ms"))
             .collect()
         }
@@ -191,13 +199,14 @@ class Monitor:
                 "event_count",
                 F.unix_millis("ingest_time").alias("ingest_ms"),
                 F.unix_millis("event_time").alias("event_ms"),
+                F.unix_millis("decision_time").alias("decision_ms"),
             )
             .collect()
         )
         self._last_gold_batch = done
         alerts = []
         for r in rows:
-            decided = committed[r.gold_batch_id]
+            decided = committed.get(r.gold_batch_id, r.decision_ms)  # a batch without a row (not expected): its start
             latency = None if r.ingest_ms is None else decided - r.ingest_ms
             alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
         return alerts
@@ -317,16 +326,20 @@ def _wait_started(monitor: Monitor, timeout: float = 180) -> None:
     monitor.poll()
 
 
-def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float = 1.0, show_alerts: int = 5) -> None:
-    """Print a progress line (and up to ``show_alerts`` new alerts) every ``every`` seconds until ``until()``."""
+def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float = 1.0) -> None:
+    """Print a progress line (and the new alerts) every ``every`` seconds until ``until()``."""
     while not until():
         time.sleep(every)
-        line, new = monitor.poll()
-        log(line)
-        for a in new[:show_alerts]:
-            log(_alert_line(a))
-        if len(new) > show_alerts:
-            log(f"  ... and {len(new) - show_alerts} more alert(s)")
+        _show(monitor.poll(), log)
+
+
+def _show(polled: tuple[str, list[Alert]], log: Log, show_alerts: int = 5) -> None:
+    line, new = polled
+    log(line)
+    for a in new[:show_alerts]:
+        log(_alert_line(a))
+    if len(new) > show_alerts:
+        log(f"  ... and {len(new) - show_alerts} more alert(s)")
 
 
 def _batch_summary(layer: LayerProgress) -> str:
@@ -475,7 +488,7 @@ def demo(
     finally:
         stop.set()
         stop_streams(streams)
-    monitor.poll()  # the last batches' alerts: their metrics rows are in now
+    _show(monitor.poll(), log)  # the last batches' alerts: their metrics rows are in now
     run_prefix = f"{config.run_id}-"
     alerts = [a for a in monitor.alerts if a.transaction_id.startswith(run_prefix)]
     run_labels = [label for label in generate.read_labels(labels) if label.transaction_ids[0].startswith(run_prefix)]
@@ -517,7 +530,7 @@ def stream(
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
         stop_streams(streams)
-    monitor.poll()  # the last batches' alerts: their metrics rows are in now
+    _show(monitor.poll(), log)  # the last batches' alerts: their metrics rows are in now
     return monitor
 
 

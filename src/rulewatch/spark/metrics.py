@@ -135,6 +135,25 @@ def _write_pending(lakehouse: Lakehouse, query: str, batch_id: int, rows: list[d
     os.replace(partial, path)  # a crash leaves the whole file or none
 
 
+def _read_pending(path: Path) -> list[dict[str, Any]]:
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    return [{k: datetime.fromisoformat(v) if k in _TIMESTAMPS and v is not None else v for k, v in row.items()} for row in stored]
+
+
+def kept_rows(lakehouse: Lakehouse, query: str) -> list[dict[str, Any]]:
+    """The rows ``query`` keeps for its next metrics commit (none once they are in the table).
+
+    Read these before the table: a file is removed only after its rows committed."""
+    rows = []
+    folder = _pending_folder(lakehouse, query)
+    for path in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            rows += _read_pending(path)
+        except FileNotFoundError:  # committed and removed since the listing
+            pass
+    return rows
+
+
 def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, query: str) -> None:
     """Append the rows kept in files by ``query`` (this run's, or a stopped or crashed run's) in one commit.
 
@@ -147,12 +166,7 @@ def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, query: str) 
     if spark is None:
         raise ValueError(f"{folder} holds metrics rows to append first; that needs a SparkSession (spark=...)")
     committed = newest_batch(spark, lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}")
-    rows = [
-        {k: datetime.fromisoformat(v) if k in _TIMESTAMPS and v is not None else v for k, v in row.items()}
-        for path in files
-        if int(path.stem) > committed
-        for row in json.loads(path.read_text(encoding="utf-8"))
-    ]
+    rows = [row for path in files if int(path.stem) > committed for row in _read_pending(path)]
     if rows:
         record_rows(spark, lakehouse, query, int(files[-1].stem), rows)
     for path in files:
