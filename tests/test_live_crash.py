@@ -4,8 +4,8 @@ The same generated lines as test_crash.py, from a landing folder or a Kafka topi
 queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
 batch (silver committed, quarantine, duplicates and metrics not), at a random moment, inside a
 gold batch, and after a gold batch kept its metrics row for a later commit; the last attempt runs
-until drained. Alerts must equal the job's over the same lines,
-each once; every line must be in bronze once and in exactly one of silver, quarantine, duplicates.
+until drained. Alerts must equal the job's over the same lines, each once; every line must be in
+bronze once and in exactly one of silver, quarantine, duplicates.
 From Kafka the alerts also go to an alerts topic, which must hold every gold alert (at least once: a
 replayed batch repeats its records, identical, so a repeat never differs from the first).
 """

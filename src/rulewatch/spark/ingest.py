@@ -4,7 +4,7 @@ The batch job keeps bronze and silver as separate tasks (each retried on its own
 (``rulewatch stream`` / ``demo``) runs this one query instead: every landing micro-batch is
 appended to ``bronze/transactions`` and, at the same time, classified into silver / quarantine /
 duplicates in the same ``foreachBatch``, each write idempotent per batch (sinks ``rulewatch.ingest.*``), with
-both layers' ``pipeline_metrics`` rows in one commit, written behind the batch (metrics.Recorder).
+both layers' ``pipeline_metrics`` rows kept for a commit that gathers several batches' (metrics.Recorder).
 Both ways read every landed file, so a lakehouse is ingested one way only (checkpoints.check_queries
 refuses the other).
 """
