@@ -122,6 +122,9 @@ BAD_VALUES = [
        f"such as '0 seconds' or '500 milliseconds', got {bad!r}") for bad in ("fast", "-1 seconds", "5")],
     (["stream", "--lakehouse", "L", "--shuffle-partitions", "0"], "--shuffle-partitions", "shuffle partitions must be at least 1, got 0"),
     (["stream", "--lakehouse", "L", "--duration", "-5"], "--duration", "must be above 0 seconds, got -5.0"),
+    *[(["demo", "--lakehouse", "L", "--metrics-every", bad], "--metrics-every", f"metrics every must be 0 seconds or more, got {bad!r}")
+      for bad in ("-1", "nan", "inf")],
+    (["stream", "--lakehouse", "L", "--metrics-every", "soon"], "--metrics-every", "metrics every must be a number such as 30, got 'soon'"),
     (["generate", "--landing", "x", "--rate", "0"], "--rate", "must be above 0 events/s, got 0.0"),
     (["generate", "--landing", "x", "--rate", "lots"], "--rate", "rate must be a number such as 1000, got 'lots'"),
     (["generate", "--landing", "x", "--duration", "0"], "--duration", "must be above 0 seconds, got 0.0"),
@@ -160,6 +163,14 @@ def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
         main(["run", "--help"])
     shown = capsys.readouterr().out
     assert "--landing" in shown and "--transactions" not in shown
+
+
+def test_metrics_every_reaches_the_live_settings():
+    from rulewatch.spark.live import _settings
+
+    for command in ("stream", "demo"):
+        assert _settings(build_parser().parse_args([command, "--lakehouse", "L"])).metrics_every == 30
+        assert _settings(build_parser().parse_args([command, "--lakehouse", "L", "--metrics-every", "0"])).metrics_every == 0
 
 
 @pytest.fixture

@@ -146,6 +146,18 @@ def generator(field: str, example: float) -> Callable[[str], float]:
     return check
 
 
+def seconds(name: str, example: float) -> Callable[[str], float]:
+    """A check for a number of seconds, 0 or more, that ``name`` (as the message calls it) takes."""
+
+    def check(text: str) -> float:
+        value = _number(text, name, example)
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be 0 seconds or more, got {text!r}")
+        return value
+
+    return check
+
+
 def minutes(text: str) -> float:
     """``demo --minutes``: minutes of generated traffic, above 0."""
     value = _number(text, "minutes", 2)

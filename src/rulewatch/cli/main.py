@@ -164,6 +164,11 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
+    parser.add_argument(
+        "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
+        help="seconds between the commits that append live batches' pipeline_metrics rows (default 30; 0: every batch "
+        "commits its own row, so dashboards are current to the batch, and batches take longer: docs/benchmarks.md)",
+    )  # fmt: skip
 
 
 def _generator_options(parser: argparse.ArgumentParser, rate: float) -> None:

@@ -54,7 +54,7 @@ class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
     gold: GoldSettings = GoldSettings(shards=4)
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
-    metrics_every: float = 30.0  # seconds between pipeline_metrics commits (each a batch's rows, or several)
+    metrics_every: float = 30.0  # seconds between pipeline_metrics commits; 0: each batch commits its own rows
 
 
 @dataclass
@@ -548,6 +548,7 @@ def _settings(args: argparse.Namespace) -> LiveSettings:
             no_data_batches=args.gold_no_data_batches,
         ),
         shuffle_partitions=args.shuffle_partitions,
+        metrics_every=args.metrics_every,
     )
 
 
