@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 
 from rulewatch.spark import bronze
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.landing import LandingError, audit, check_landing
+from rulewatch.spark.landing import FILES_READ, LandingError, audit, check_landing
 from rulewatch.spark.pipeline import ensure_all_tables, run_all
 
 RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
@@ -133,6 +134,23 @@ def test_a_file_changed_after_it_was_read_is_reported_by_name(layered):
     assert [p.split(" ")[0] for p in second.landing.problems] == [str(landing / "growing.jsonl"), str(landing / "torn.jsonl")]
     assert all("changed after it was read" in p for p in second.landing.problems)
     assert any("NO (2 file(s) above)" in line for line in second.lines())
+
+
+def test_the_audit_answers_from_its_record_of_what_bronze_read(spark, layered):
+    """Each audit keeps, in bronze's checkpoint, what bronze recorded per file; later audits read only newer rows."""
+    lakehouse, landing, _, _, second = layered
+    record = Path(lakehouse.checkpoint("bronze"), FILES_READ)
+    stored = json.loads(record.read_text(encoding="utf-8"))
+    newest = spark.read.format("delta").load(lakehouse.bronze_transactions).agg(F.unix_millis(F.max("ingest_time"))).first()[0]
+    assert stored["through_ms"] == newest
+    # A record past every bronze row: the answer comes from the record alone, and is the full read's.
+    stored["through_ms"] = newest + 86_400_000
+    record.write_text(json.dumps(stored), encoding="utf-8")
+    from_record = audit(spark, lakehouse, str(landing), "bronze", time.time())
+    record.unlink()
+    from_bronze = audit(spark, lakehouse, str(landing), "bronze", time.time())
+    assert from_record.problems == from_bronze.problems == second.landing.problems != []
+    assert json.loads(record.read_text(encoding="utf-8"))["through_ms"] == newest
 
 
 def test_a_file_listed_but_gone_before_it_was_read_is_reported(spark, tmp_path):
