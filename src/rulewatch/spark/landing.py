@@ -136,16 +136,20 @@ def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[st
     Kept in the query's checkpoint with the newest ingest time it covers, so each audit reads only
     bronze's newer rows (Delta skips older files by their ``ingest_time`` statistics): a scan of
     all of bronze cost ~0.7 s per million rows, every run, for as long as the lakehouse lives.
-    Without the record (first audit, or a checkpoint that cannot hold one) all of bronze is read.
+    Without a readable record (the first audit, or a checkpoint that cannot hold one) all of bronze
+    is read, and the record written anew.
     """
     checkpoint = lakehouse.checkpoint(query)
     record = Path(checkpoint, FILES_READ) if "://" not in checkpoint else None
     known: dict[str, FileRead] = {}
     through = None
     if record is not None and record.is_file():
-        stored = json.loads(record.read_text(encoding="utf-8"))
-        known = {path: FileRead(*values) for path, values in stored["files"].items()}
-        through = stored["through_ms"]
+        try:
+            stored = json.loads(record.read_text(encoding="utf-8"))
+            known = {path: FileRead(*values) for path, values in stored["files"].items()}
+            through = int(stored["through_ms"])
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a record this code wrote: read all of bronze
+            known, through = {}, None
     bronze = tables.read(spark, lakehouse.bronze_transactions).where(F.col("source_file").isNotNull())
     if through is not None:
         # Back by a margin: a batch's ingest time is the driver's clock, which may have stepped back a little.
