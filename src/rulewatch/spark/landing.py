@@ -135,7 +135,7 @@ def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[st
 
     Kept in the query's checkpoint with the newest ingest time it covers, so each audit reads only
     bronze's newer rows (Delta skips older files by their ``ingest_time`` statistics): a scan of
-    all of bronze cost ~0.7 s per million rows, every run, for as long as the lakehouse lives.
+    all of bronze took 2.8 s at 10M rows, and grows with every run for as long as the lakehouse lives.
     Without a readable record (the first audit, or a checkpoint that cannot hold one) all of bronze
     is read, and the record written anew.
     """
