@@ -8,7 +8,8 @@ from pyspark.sql import functions as F
 from rulewatch.spark.checkpoints import CheckpointError, check_queries
 from rulewatch.spark.generate import GeneratorConfig, Label
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.live import DEMO_RULES, Alert, LiveSettings, demo, score
+from rulewatch.spark.gold import ensure_gold_tables
+from rulewatch.spark.live import DEMO_RULES, Alert, LiveSettings, Monitor, demo, score
 from rulewatch.spark.rules_table import apply_rules_file
 
 
@@ -25,6 +26,32 @@ def test_score_counts_caught_missed_and_unlabelled_alerts():
     assert (result.patterns["drain"].caught, result.patterns["login_attack"].injected) == (1, 0)
     # Rule 1 on a burst payer's key was not meant to fire there: a false positive like any unlabelled key.
     assert sorted((a.rule_id, a.group_key) for a in result.false_positives) == [(1, "b1"), (3, "u")]
+
+
+def _fail(batch, batch_id):
+    raise ValueError("the batch was interrupted")
+
+
+def test_a_querys_error_is_raised_while_running_and_named_after_the_stop(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_gold_tables(spark, lakehouse)
+    queries = [
+        spark.readStream.format("rate").load().writeStream.queryName(name).foreachBatch(write)
+        .option("checkpointLocation", str(tmp_path / name)).start()
+        for name, write in [("rulewatch_ingest", lambda batch, batch_id: None), ("rulewatch_gold", _fail)]
+    ]  # fmt: skip
+    try:
+        with pytest.raises(Exception, match="the batch was interrupted"):
+            queries[1].awaitTermination(120)
+    finally:
+        for query in queries:
+            query.stop()
+    monitor = Monitor(spark, lakehouse, queries)
+    with pytest.raises(RuntimeError, match="rulewatch_gold stopped with an error"):
+        monitor.poll()
+    line, new = monitor.poll(stopped=True)  # as the last poll after stop_streams
+    assert "\nrulewatch_gold stopped with an error: " in line and line.endswith("(as it was stopped; the next start replays its batch)")
+    assert new == []
 
 
 def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):

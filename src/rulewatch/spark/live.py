@@ -211,14 +211,20 @@ class Monitor:
             alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
         return alerts
 
-    def poll(self) -> tuple[str, list[Alert]]:
-        """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll."""
+    def poll(self, stopped: bool = False) -> tuple[str, list[Alert]]:
+        """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll.
+
+        A query's error is raised, unless the queries were ``stopped``: a stop interrupts the running
+        batch, and Spark may keep that interruption as the query's error (a stop during planning, or
+        the regex that classifies a Python error overflowing the JVM's stack on a long message). The
+        checkpoint is intact and the next start replays that batch, so the error is named in the
+        line instead."""
         now = time.monotonic()
         seconds = max(now - self._last_poll, 1e-3)
         self._last_poll = now
-        for query in self.queries:
-            if query.exception() is not None:
-                raise RuntimeError(f"{query.name} stopped with an error: {query.exception()}")
+        errors = [f"{q.name} stopped with an error: {q.exception()}" for q in self.queries if q.exception() is not None]
+        if errors and not stopped:
+            raise RuntimeError(errors[0])
         rates = [
             f"{name} {layer.update(query.recentProgress) / seconds:7.0f} rows/s"
             for (name, layer), query in zip(self.layers.items(), self.queries)
@@ -230,6 +236,8 @@ class Monitor:
         gold_batches = self.layers["gold"].batch_ms
         gold_batch = f"{gold_batches[-1] / 1000:4.1f}s" if gold_batches else "  n/a"
         line = f"{' | '.join(rates)} | alerts {len(new) / seconds:5.1f}/s | latency {latency} | last gold batch {gold_batch}"
+        for error in errors:  # the first line: the rest is the query's plan
+            line += f"\n{error.splitlines()[0]} (as it was stopped; the next start replays its batch)"
         return line, new
 
     def _latest_version(self, table: str) -> int:
@@ -488,7 +496,7 @@ def demo(
     finally:
         stop.set()
         stop_streams(streams)
-    _show(monitor.poll(), log)  # the last batches' alerts: their metrics rows are in now
+    _show(monitor.poll(stopped=True), log)  # the last batches' alerts: their metrics rows are in now
     run_prefix = f"{config.run_id}-"
     alerts = [a for a in monitor.alerts if a.transaction_id.startswith(run_prefix)]
     run_labels = [label for label in generate.read_labels(labels) if label.transaction_ids[0].startswith(run_prefix)]
@@ -530,7 +538,7 @@ def stream(
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
         stop_streams(streams)
-    _show(monitor.poll(), log)  # the last batches' alerts: their metrics rows are in now
+    _show(monitor.poll(stopped=True), log)  # the last batches' alerts: their metrics rows are in now
     return monitor
 
 
