@@ -24,7 +24,6 @@ labels go to a separate folder (outside the landing folder) for scoring detectio
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -32,6 +31,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from rulewatch.spark.lakehouse import write_whole
 
 PAYER_USES = 4
 MAX_BACKGROUND_AMOUNT = 249.99  # PAYER_USES x this stays below rule 1's limit of 1000
@@ -216,13 +217,6 @@ class Generator:
         return not self._due and self._emitted >= int(self.config.rate * self.config.duration)
 
 
-def _write_atomically(path: Path, lines: list[str]) -> None:
-    """Write under a hidden name, then rename: Spark's file source skips names starting with '.'."""
-    hidden = path.with_name(f".{path.name}.tmp")
-    hidden.write_text("".join(f"{line}\n" for line in lines))
-    os.replace(hidden, path)
-
-
 def check_folders(landing: Path, labels: Path) -> None:
     """Labels must not land where the pipeline reads transactions, nor the other way round."""
     landing, labels = landing.resolve(), labels.resolve()
@@ -253,7 +247,7 @@ def to_folder(landing: Path) -> Emit:
     landing.mkdir(parents=True, exist_ok=True)
 
     def emit(name: str, events: list[dict[str, Any]]) -> None:
-        _write_atomically(landing / name, [json.dumps(event, separators=(",", ":")) for event in events])
+        write_whole(landing / name, "".join(json.dumps(event, separators=(",", ":")) + "\n" for event in events))
 
     return emit
 
@@ -285,7 +279,7 @@ def run(
         name = f"{config.run_id}-{ticks:06d}.jsonl"
         ticks += 1
         if new_labels:
-            _write_atomically(labels / name, [json.dumps(asdict(label)) for label in new_labels])
+            write_whole(labels / name, "".join(json.dumps(asdict(label)) + "\n" for label in new_labels))
             labelled += len(new_labels)
         if events:
             landing(name, events)

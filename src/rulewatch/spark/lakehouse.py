@@ -173,3 +173,14 @@ def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a crash leaves the old file or the new one, never half of one.
+
+    It goes under a hidden name first (Spark's file source and the pending-metrics reader skip
+    names starting with ``.``), then is renamed over ``path``.
+    """
+    hidden = path.with_name(f".{path.name}.tmp")
+    hidden.write_text(text, encoding="utf-8")
+    os.replace(hidden, path)

@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark import tables
 
 # A file's modification time may trail the moment it became visible by the file system's
@@ -168,9 +168,7 @@ def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[st
         through = max(through or row.through_ms, row.through_ms)
     if record is not None and through is not None:
         stored = {"through_ms": through, "files": {path: [f.size, f.mtime_ms] for path, f in known.items()}}
-        partial = record.with_name(f".{record.name}.tmp")
-        partial.write_text(json.dumps(stored), encoding="utf-8")
-        os.replace(partial, record)  # a crash leaves the old record or the new, never half of one
+        write_whole(record, json.dumps(stored))
     return known
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
 
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.schema import PIPELINE_METRICS
 from rulewatch.spark.sinks import append_once, crash_point, newest_batch
 from rulewatch.spark.tables import ensure_table
@@ -129,10 +128,8 @@ def _pending_folder(lakehouse: Lakehouse, query: str) -> Path:
 def _write_pending(lakehouse: Lakehouse, query: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
     folder = _pending_folder(lakehouse, query)
     folder.mkdir(parents=True, exist_ok=True)
-    path, partial = folder / f"{batch_id}.json", folder / f".{batch_id}.json.tmp"
     stored = [{k: v.isoformat() if k in _TIMESTAMPS and v is not None else v for k, v in row.items()} for row in rows]
-    partial.write_text(json.dumps(stored), encoding="utf-8")
-    os.replace(partial, path)  # a crash leaves the whole file or none
+    write_whole(folder / f"{batch_id}.json", json.dumps(stored))
 
 
 def _read_pending(path: Path) -> list[dict[str, Any]]:
