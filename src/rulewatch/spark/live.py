@@ -222,7 +222,7 @@ class Monitor:
         now = time.monotonic()
         seconds = max(now - self._last_poll, 1e-3)
         self._last_poll = now
-        errors = [f"{q.name} stopped with an error: {q.exception()}" for q in self.queries if q.exception() is not None]
+        errors = [f"{q.name} stopped with an error: {error}" for q in self.queries if (error := q.exception()) is not None]
         if errors and not stopped:
             raise RuntimeError(errors[0])
         rates = [
