@@ -178,8 +178,9 @@ def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
 def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so a crash leaves the old file or the new one, never half of one.
 
-    It goes under a hidden name first (Spark's file source and the pending-metrics reader skip
-    names starting with ``.``), then is renamed over ``path``.
+    It is written as ``.<name>.tmp`` first, which no reader takes for the real file (Spark's file
+    source skips names starting with ``.``; the others read their own names or suffixes), then
+    renamed over ``path``.
     """
     hidden = path.with_name(f".{path.name}.tmp")
     hidden.write_text(text, encoding="utf-8")
