@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from rulewatch.spark import schema, tables
 from rulewatch.spark.gold import GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.engine.rules import parse_rules
 from rulewatch.spark.rules_table import apply_rules
@@ -276,9 +276,7 @@ def land_payments(landing: str, events: int, keys: int, files: int, seed: int = 
             f'"paymentAmount":{cents[i] // 100}.{cents[i] % 100:02d},"paymentType":"{"CSH" if cash[i] else "CRD"}"}}\n'
             for i in part
         ]
-        tmp = Path(landing, f".part-{n:03d}.jsonl")
-        tmp.write_text("".join(lines))
-        tmp.rename(Path(landing, f"part-{n:03d}.jsonl"))  # the landing contract: complete files only
+        write_whole(Path(landing, f"part-{n:03d}.jsonl"), "".join(lines))  # the landing contract: complete files only
 
 
 @dataclass
