@@ -165,32 +165,35 @@ class Monitor:
         """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
 
         The row records when the batch's alerts committed (``batch_end``). Live queries append rows
-        several batches at a time (metrics.Recorder) and keep them in files until then, so both
-        are read: an alert is shown once its batch's row exists, in a file or in the table.
+        several batches at a time (metrics.Recorder) and keep them in files until then, so an alert
+        is shown once its batch's row exists, in a file or in the table. The files are read first,
+        the table for batches none of them holds, and ``gold/alerts`` only if a row counts alerts.
         """
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
             return []
         batches = range(self._last_gold_batch + 1, done + 1)
+        # Per batch: when its alerts committed (unix ms, floored) and how many there were.
         committed = {
-            r["batch_id"]: (r["batch_end"] - EPOCH) // timedelta(milliseconds=1)  # as unix_millis: exact, floored
+            r["batch_id"]: ((r["batch_end"] - EPOCH) // timedelta(milliseconds=1), r.get("alerts"))
             for r in kept_rows(self.lakehouse, "gold")
             if r["batch_id"] in batches
         }
-        # The table only for rows no file holds: a read runs Spark jobs on the cores the queries use.
+        # Tables only for what no file says: a read runs Spark jobs on the cores the queries use.
         missing = [b for b in batches if b not in committed]
         if missing:
             committed |= {
-                r.batch_id: r.committed_ms
+                r.batch_id: (r.committed_ms, r.alerts)
                 for r in tables.read(self.spark, self.lakehouse.pipeline_metrics)
                 .where((F.col("layer") == "gold") & F.col("batch_id").between(missing[0], missing[-1]))
-                .select("batch_id", F.unix_millis("batch_end").alias("committed_ms"))
+                .select("batch_id", F.unix_millis("batch_end").alias("committed_ms"), "alerts")
                 .collect()
             }
         if not committed:
             return []
         done = max(committed)
-        rows = (
+        quiet = all(committed.get(b, (None, None))[1] == 0 for b in range(batches.start, done + 1))
+        rows = [] if quiet else (
             tables.read(self.spark, self.lakehouse.alerts)
             .where(F.col("gold_batch_id").between(self._last_gold_batch + 1, done))
             .select(
@@ -209,7 +212,7 @@ class Monitor:
         self._last_gold_batch = done
         alerts = []
         for r in rows:
-            decided = committed.get(r.gold_batch_id, r.decision_ms)  # a batch without a row (not expected): its start
+            decided = committed.get(r.gold_batch_id, (r.decision_ms,))[0]  # a batch without a row (not expected): its start
             latency = None if r.ingest_ms is None else decided - r.ingest_ms
             alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
         return alerts
