@@ -192,7 +192,8 @@ class Monitor:
         if not committed:
             return []
         done = max(committed)
-        quiet = all(committed.get(b, (None, None))[1] == 0 for b in range(batches.start, done + 1))
+        # A batch without a row (not expected) may hold alerts: read then.
+        quiet = all(b in committed and committed[b][1] == 0 for b in range(batches.start, done + 1))
         rows = [] if quiet else (
             tables.read(self.spark, self.lakehouse.alerts)
             .where(F.col("gold_batch_id").between(self._last_gold_batch + 1, done))
@@ -212,7 +213,8 @@ class Monitor:
         self._last_gold_batch = done
         alerts = []
         for r in rows:
-            decided = committed.get(r.gold_batch_id, (r.decision_ms,))[0]  # a batch without a row (not expected): its start
+            row = committed.get(r.gold_batch_id)
+            decided = row[0] if row else r.decision_ms  # a batch without a row (not expected): its start
             latency = None if r.ingest_ms is None else decided - r.ingest_ms
             alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
         return alerts
