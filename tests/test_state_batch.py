@@ -237,7 +237,7 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(slots):
 def test_the_environment_switch_forces_the_public_path(monkeypatch):
     monkeypatch.setenv(PIPELINE_ENV, "0")
     assert not pipeline_requested()
-    from rulewatch.spark.evaluator import RuleProcessor
+    from rulewatch.spark.processor import RuleProcessor
 
     assert RuleProcessor().state_pipeline is False
     monkeypatch.delenv(PIPELINE_ENV)

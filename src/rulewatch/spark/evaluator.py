@@ -1,4 +1,5 @@
-"""The stateful processor: RocksDB state around the pure batch engine, one call per hash shard.
+"""The stateful processor's work (processor.py declares its state): RocksDB state around the pure
+batch engine, one call per hash shard.
 
 Grouping by a hash shard of the key (not by the key) is deliberate: a Python call per key costs
 milliseconds, so each call evaluates all keys of a shard at once with numpy (docs/design.md).
@@ -17,25 +18,21 @@ from __future__ import annotations
 import json
 import pickle
 import zlib
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
-from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from rulewatch.spark.commands import CLEAR_STATE
 from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
 from rulewatch.spark.packing import PACKED_COLUMN, unpack
 from rulewatch.spark.schema import RULE_FIELDS
-from rulewatch.spark.state_batch import batched_map, pipeline_requested
+from rulewatch.spark.state_batch import batched_map
 from rulewatch.engine.windows import MAX_SPAN_MS
 
-_KEY = StructType([StructField("key", StringType())])
-_BLOB = StructType([StructField("blob", BinaryType())])
-_TEXT = StructType([StructField("text", StringType())])
-_TIME = StructType([StructField("at", LongType())])
+if TYPE_CHECKING:
+    from rulewatch.spark.processor import RuleProcessor
 
 
 def _python(value: Any) -> Any:
@@ -260,26 +257,19 @@ class HistoryStore:
                 self.bytes_written += len(blob)
 
 
-class RuleProcessor(StatefulProcessor):
-    """Evaluates every active rule on every event of a shard over its exact look-back window."""
+class ShardEvaluator:
+    """One shard's work for ``processor.RuleProcessor``: rule changes, commands, events and cleanup timers."""
 
-    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None) -> None:
-        self.granularity = cleanup_granularity_ms
-        self.state_slots = state_slots
-        # The query's watermark delay (None: unknown): the next batch's watermark is at least this
-        # batch's newest event time minus it, so keys expiring before that need not be written.
-        self.lateness_ms = lateness_ms
-        # Read where the query is built (driver or Connect client) and pickled with the processor:
-        # the Python workers' environment is not the caller's to set.
-        self.state_pipeline = pipeline_requested()
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.rules = handle.getValueState("rules", _TEXT)
-        self.history_map = handle.getMapState("history", _KEY, _BLOB)
-        self.history = HistoryStore(self.history_map, self.state_slots, self.state_pipeline)
-        self.layout = handle.getValueState("layout", _TEXT)
-        self.expiry = handle.getMapState("expiry", _TIME, _TEXT)
+    def __init__(self, processor: RuleProcessor) -> None:
+        self.handle = processor.handle
+        self.granularity = processor.granularity
+        self.state_slots = processor.state_slots
+        self.lateness_ms = processor.lateness_ms
+        self.rules = processor.rules
+        self.history_map = processor.history_map
+        self.history = HistoryStore(self.history_map, self.state_slots, processor.state_pipeline)
+        self.layout = processor.layout
+        self.expiry = processor.expiry
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
 
     def _book(self) -> RuleBook:
@@ -363,7 +353,7 @@ class RuleProcessor(StatefulProcessor):
             self.expiry.updateValue((bucket,), (_entry(spans, keys),))
             self.handle.registerTimer(bucket)
 
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+    def handle_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         batch = pd.concat(list(rows), ignore_index=True)
         out: list[dict] = []
         is_rule = batch["change_type"].notna()
@@ -404,9 +394,7 @@ class RuleProcessor(StatefulProcessor):
             "rule_version": max((version for _, version in book.rules.values()), default=None),
         }  # fmt: skip
 
-    def handleExpiredTimer(
-        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
-    ) -> Iterator[pd.DataFrame]:
+    def handle_timer(self, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         at = expiredTimerInfo.getExpiryTimeInMs()
         if self.expiry.getValue((at,)) is None:
             return  # settled by an earlier timer of this shard in this batch
@@ -438,6 +426,3 @@ class RuleProcessor(StatefulProcessor):
         self.history.flush()
         self._index_expiry(still_alive, book)
         yield from ()
-
-    def close(self) -> None:
-        pass

@@ -19,7 +19,7 @@ from rulewatch.spark import schema, tables
 from rulewatch.spark.checkpoints import check_gold_layout
 from rulewatch.spark.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
-from rulewatch.spark.evaluator import RuleProcessor
+from rulewatch.spark.processor import RuleProcessor
 from rulewatch.kafka import alerts as kafka_alerts
 from rulewatch.kafka.client import KafkaTopic
 from rulewatch.spark.keying import fan_out, keysets
