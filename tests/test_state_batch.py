@@ -244,6 +244,17 @@ def test_the_environment_switch_forces_the_public_path(monkeypatch):
     assert pipeline_requested() and RuleProcessor().state_pipeline is True
 
 
+def test_unpickling_the_processor_imports_neither_pandas_nor_numpy():
+    # Spark unpickles it on the driver at every query start only to call init; the evaluator's
+    # imports would cost that start ~0.5 s (docs/benchmarks.md).
+    from rulewatch.spark.processor import RuleProcessor
+
+    pickled = pickle.dumps(RuleProcessor(60_000, 0, 1000))
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print(sorted({'pandas', 'numpy'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], input=pickled, capture_output=True, check=True)
+    assert result.stdout.decode().strip() == "[]"
+
+
 def test_a_map_state_without_the_internal_client_falls_back():
     class OtherMapState(MapState):
         def __init__(self) -> None:
