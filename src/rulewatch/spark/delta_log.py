@@ -1,10 +1,10 @@
-"""A Delta table's log read as plain files: which (sink, batch) its commits name.
+"""A Delta table's log read as plain files: which (sink, batch) its commits name, and whether they only append.
 
 Every idempotent append (sinks.py) names its (sink, batch) in its commit's ``userMetadata``, and
 a run's first batch also leaves Delta's ``txn`` record. Reading them from ``_delta_log`` takes
 about a millisecond, against 0.2-0.5 s for a ``DESCRIBE HISTORY`` (5 s for a process's first),
 so path tables are read this way; Unity Catalog managed tables give no path and go through Spark
-(``sinks.history_batches``). Both sinks.py and checkpoints.py read through this module.
+(``sinks.history_batches``). sinks.py, checkpoints.py and tables.py read through this module.
 """
 
 from __future__ import annotations
@@ -90,6 +90,21 @@ def actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
         for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
             action = json.loads(line)
             yield from ((kind, action[kind]) for kind in kinds if kind in action)
+
+
+def whole_history_is_appends(table: str) -> bool:
+    """Whether the path table's log still holds every commit since version 0, has no checkpoint yet
+    (fewer than ten commits: cheap to read one by one), and after the creation only appended:
+    no commit removed data or changed the schema (an older release's table given new columns).
+
+    Then streaming the table from version 0 yields exactly its current rows, in commit order.
+    """
+    log = Path(table, "_delta_log")
+    if (log / "_last_checkpoint").exists() or not (log / f"{0:020d}.json").exists():
+        return False
+    found = list(actions(log, ("remove", "metaData")))
+    removed = any(kind == "remove" and action.get("dataChange", True) for kind, action in found)
+    return not removed and sum(kind == "metaData" for kind, _ in found) <= 1
 
 
 def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
+from rulewatch.spark.delta_log import whole_history_is_appends
 from rulewatch.spark.lakehouse import is_table_name, table_ref
 
 
@@ -38,6 +39,11 @@ def read_stream(reader: DataStreamReader, table: str) -> DataFrame:
     """``reader`` (format and options set) streaming from ``table``."""
     if is_table_name(table):
         return reader.table(table_ref(table))
+    if whole_history_is_appends(table):
+        # A new query's first batch is then read from the log's commits. Without a starting version
+        # Delta plans it from a snapshot whose files a Spark job sorts: ~1-1.5 s per source and
+        # query start (docs/benchmarks.md). A restarted query resumes from its offsets either way.
+        reader = reader.option("startingVersion", 0)
     return reader.load(table)
 
 
