@@ -8,11 +8,11 @@ from rulewatch.spark.delta_log import whole_history_is_appends
 from rulewatch.spark.tables import ensure_table, read, read_stream
 
 
-def _streamed_ids(spark, table: str, checkpoint: str) -> list[int]:
+def _streamed_ids(spark, table: str, checkpoint: str, starting_version: int | None = None) -> list[int]:
     """The ids a new query reads from ``table`` in one availableNow run."""
     name = f"stream_start_{uuid.uuid4().hex}"
     query = (
-        read_stream(spark.readStream.format("delta"), table)
+        read_stream(spark.readStream.format("delta"), table, starting_version)
         .writeStream.format("memory")
         .queryName(name)
         .option("checkpointLocation", checkpoint)
@@ -55,3 +55,12 @@ def test_a_table_with_a_log_checkpoint_is_read_from_its_snapshot(spark, tmp_path
         spark.range(start, start + 1).write.format("delta").mode("append").save(table)
     assert not whole_history_is_appends(table)
     assert _streamed_ids(spark, table, str(tmp_path / "c")) == list(range(10))
+
+
+def test_a_starting_version_the_caller_gives_is_kept(spark, tmp_path):
+    table = str(tmp_path / "t")
+    ensure_table(spark, table, spark.range(1).schema)  # version 0
+    for start in (0, 10, 20):  # versions 1, 2, 3
+        spark.range(start, start + 5).write.format("delta").mode("append").save(table)
+    assert whole_history_is_appends(table)
+    assert _streamed_ids(spark, table, str(tmp_path / "c"), starting_version=2) == [*range(10, 15), *range(20, 25)]

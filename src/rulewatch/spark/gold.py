@@ -61,7 +61,7 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
 def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
     changes = (
         tables.read_stream(
-            spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0), lakehouse.rules
+            spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
         )
         # Underscore-led names do not survive the trip to pandas; rename them.
         .select(
@@ -242,16 +242,19 @@ def _state_totals_of(holder: dict) -> StateTotals:
 
 
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    ensure_rules_table(spark, lakehouse)
-    ensure_commands_table(spark, lakehouse)
-    tables.ensure_table(spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event")
-    tables.ensure_table(
-        spark, lakehouse.window_metrics, schema.WINDOW_METRICS, "Window aggregate per rule and key touched, per micro-batch",
-        stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
-    )  # fmt: skip
-    tables.ensure_table(spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated")
-    tables.ensure_table(spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed")
-    ensure_metrics_table(spark, lakehouse)
+    together([
+        partial(ensure_rules_table, spark, lakehouse),
+        partial(ensure_commands_table, spark, lakehouse),
+        partial(tables.ensure_table, spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event"),
+        partial(
+            tables.ensure_table, spark, lakehouse.window_metrics, schema.WINDOW_METRICS,
+            "Window aggregate per rule and key touched, per micro-batch",
+            stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
+        ),
+        partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
+        partial(tables.ensure_table, spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed"),
+        partial(ensure_metrics_table, spark, lakehouse),
+    ])  # fmt: skip
 
 
 def query_confs(spark: SparkSession, settings: GoldSettings) -> ContextManager[None]:

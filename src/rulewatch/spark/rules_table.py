@@ -452,7 +452,7 @@ def start_rule_history(
     ensure_rules_table(spark, lakehouse)
     ensure_rule_history_table(spark, lakehouse)
     changes = tables.read_stream(
-        spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0), lakehouse.rules
+        spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
     ).select(*schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp")
     writer = (
         changes.writeStream.queryName(HISTORY_QUERY)

@@ -396,14 +396,16 @@ def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None
 
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    ensure_metrics_table(spark, lakehouse)
-    # Statistics for the duplicate lookup (batch, event time), explaining an alert (time, id, key, ingest time).
-    tables.ensure_table(
-        spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions",
-        stats_columns=["event_time", "silver_batch_id", "transaction_id", "payee_id", "ingest_time"],
-    )  # fmt: skip
-    tables.ensure_table(spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons")
-    tables.ensure_table(spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)")
+    together([
+        partial(ensure_metrics_table, spark, lakehouse),
+        # Statistics for the duplicate lookup (batch, event time), explaining an alert (time, id, key, ingest time).
+        partial(
+            tables.ensure_table, spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions",
+            stats_columns=["event_time", "silver_batch_id", "transaction_id", "payee_id", "ingest_time"],
+        ),
+        partial(tables.ensure_table, spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons"),
+        partial(tables.ensure_table, spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)"),
+    ])  # fmt: skip
 
 
 def start_silver(

@@ -115,13 +115,15 @@ def batch_column(name: str, batch_id: int) -> Column:
 
 
 def together(writes: Sequence[Callable[[], None]]) -> None:
-    """Run one batch's independent table writes at the same time, and return when all have ended.
+    """Run independent writes to different tables (one batch's appends, a layer's table creations)
+    at the same time, and return when all have ended.
 
-    Each Delta append is mostly fixed cost on the driver (planning, the log, the commit: ~1-2 s
-    locally whatever its size), so appends to different tables overlap well even on two cores.
-    Every write is idempotent on its own (``append_once``), so a crash with some committed and some
-    not leaves a batch its replay completes. The first failure is raised after the others have
-    ended: a replay must not race a write still running.
+    Each Delta append or creation is mostly fixed cost on the driver (planning, the log, the
+    commit: ~1-2 s locally for an append whatever its size), so writes to different tables overlap
+    well even on two cores. Every write is idempotent on its own (``append_once``, ``CREATE TABLE
+    IF NOT EXISTS``), so a crash with some committed and some not leaves a batch its replay
+    completes. The first failure is raised after the others have ended: a replay must not race a
+    write still running.
     """
     if len(writes) <= 1:
         for write in writes:
