@@ -242,6 +242,7 @@ def _state_totals_of(holder: dict) -> StateTotals:
 
 
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Gold's tables and the rules' (created together: each is mostly the driver waiting on its log)."""
     together([
         partial(ensure_rules_table, spark, lakehouse),
         partial(ensure_commands_table, spark, lakehouse),

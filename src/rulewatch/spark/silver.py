@@ -396,6 +396,7 @@ def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None
 
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Silver's tables and the pipeline metrics (created together, as gold's are)."""
     together([
         partial(ensure_metrics_table, spark, lakehouse),
         # Statistics for the duplicate lookup (batch, event time), explaining an alert (time, id, key, ingest time).
