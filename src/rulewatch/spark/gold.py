@@ -27,7 +27,7 @@ from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.packing import pack
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table, latency_columns, metrics_row
 from rulewatch.engine.rules import parse_duration
-from rulewatch.spark.rules_table import ensure_rules_table
+from rulewatch.spark.rules_table import ensure_rules_table, rule_change_feed
 from rulewatch.spark.session import session_confs
 from rulewatch.spark.settings import GoldSettings
 from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, together
@@ -59,16 +59,11 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
 
 
 def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
-    changes = (
-        tables.read_stream(
-            spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
-        )
-        # Underscore-led names do not survive the trip to pandas; rename them.
-        .select(
-            *schema.RULE_FIELDS,
-            F.col("_change_type").alias("change_type"),
-            F.col("_commit_version").alias("commit_version"),
-        )
+    # Underscore-led names do not survive the trip to pandas; rename them.
+    changes = rule_change_feed(spark, lakehouse).select(
+        *schema.RULE_FIELDS,
+        F.col("_change_type").alias("change_type"),
+        F.col("_commit_version").alias("commit_version"),
     )
     return _to_every_shard(spark, changes, settings)
 

@@ -445,15 +445,22 @@ def write_rule_history_batch(changes: DataFrame, batch_id: int, lakehouse: Lakeh
     append_once(spark.createDataFrame(rows, schema.RULE_HISTORY), lakehouse.rule_history, HISTORY_SINK, batch_id)
 
 
+def rule_change_feed(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
+    """The rules table's change data feed as a stream, from version 0: every change ever made."""
+    return tables.read_stream(
+        spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
+    )
+
+
 def start_rule_history(
     spark: SparkSession, lakehouse: Lakehouse, available_now: bool = True, processing_time: str | None = None
 ) -> StreamingQuery:
     """Stream the rules table's change data feed (from version 0) into ``gold/rule_history``."""
     ensure_rules_table(spark, lakehouse)
     ensure_rule_history_table(spark, lakehouse)
-    changes = tables.read_stream(
-        spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
-    ).select(*schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp")
+    changes = rule_change_feed(spark, lakehouse).select(
+        *schema.RULES.fieldNames(), "_change_type", "_commit_version", "_commit_timestamp"
+    )
     writer = (
         changes.writeStream.queryName(HISTORY_QUERY)
         .option("checkpointLocation", lakehouse.checkpoint("rule_history"))
