@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from rulewatch.spark.class_archive import archive_options
 from rulewatch.spark.jars import fetch_spark_jars
 from rulewatch.spark.widgets import repository_root
 
@@ -54,6 +55,11 @@ LOCAL_CONF: dict[str, str] = {
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
 }
+
+
+# Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
+# then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/benchmarks.md).
+JAVA_OPTIONS = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')} -XX:-DontCompileHugeMethods"
 
 
 # Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
@@ -131,11 +137,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     if root is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(root / "spark-warehouse"))
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
-    log_config = Path(__file__).with_name("log4j2.properties")
-    # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
-    # then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/benchmarks.md).
-    java_options = f"-Dlog4j2.configurationFile={log_config} -XX:-DontCompileHugeMethods"
-    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    builder = builder.config("spark.driver.extraJavaOptions", f"{JAVA_OPTIONS} {archive_options()}".strip())
     with _jvm_stderr_filtered():
         return builder.getOrCreate()
 

@@ -1,0 +1,66 @@
+"""The JVM class archive: built by a JVM that exited, proven by one that maps it, installed only then."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rulewatch.spark import class_archive
+from rulewatch.spark.session import JAVA_OPTIONS
+
+# A session and one count: enough classes to make a real archive in seconds rather than a whole job.
+SMALL_WORKLOAD = "from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().range(5).count()\n"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RULEWATCH_HOME", str(tmp_path))
+    monkeypatch.delenv("RULEWATCH_CLASS_ARCHIVE", raising=False)
+    monkeypatch.setattr(class_archive, "_workload", lambda lakehouse, fixtures: SMALL_WORKLOAD)
+    return tmp_path
+
+
+def test_the_archive_is_keyed_by_the_jars(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = class_archive.archive_path()
+    assert path is not None and path.parent == home / "class-archive"
+    monkeypatch.setattr(class_archive, "spark_jars", lambda: [home / "another.jar"])
+    assert class_archive.archive_path() != path
+
+
+def test_no_options_without_an_archive_or_when_switched_off(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert class_archive.archive_options() == ""
+    path = class_archive.archive_path()
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    assert class_archive.archive_options().startswith(f"-XX:SharedArchiveFile={path} ")
+    monkeypatch.setenv("RULEWATCH_CLASS_ARCHIVE", "off")
+    assert class_archive.archive_options() == ""
+
+
+def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = class_archive.archive_path()
+    assert target is not None
+    assert class_archive.build(JAVA_OPTIONS, quiet=True) == target
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    # Installed means proven: a JVM that must map it (-Xshare:on) starts and runs a query.
+    check = class_archive._submit(class_archive._CHECK, f"{JAVA_OPTIONS} -Xshare:on -XX:SharedArchiveFile={target}", home)
+    assert check.returncode == 0, check.stderr[-2000:]
+
+    # As if the dumping JVM had died mid-write: its first MB is all there is. The real check must refuse it.
+    whole = target.read_bytes()
+    target.unlink()
+    submit = class_archive._submit
+
+    def dump_cut_short(script: str, java_options: str, folder: Path) -> subprocess.CompletedProcess[str]:
+        if "-XX:ArchiveClassesAtExit=" not in java_options:
+            return submit(script, java_options, folder)
+        partial = Path(java_options.split("-XX:ArchiveClassesAtExit=")[1].split()[0])
+        partial.write_bytes(whole[: 2**20])
+        return subprocess.CompletedProcess([], 0, "", "")
+
+    monkeypatch.setattr(class_archive, "_submit", dump_cut_short)
+    assert class_archive.build(JAVA_OPTIONS, quiet=True) is None
+    assert list(target.parent.iterdir()) == []
