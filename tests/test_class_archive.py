@@ -10,15 +10,12 @@ import pytest
 from rulewatch.spark import class_archive
 from rulewatch.spark.session import JAVA_OPTIONS
 
-# A session and one count: enough classes to make a real archive in seconds rather than a whole job.
-SMALL_WORKLOAD = "from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().range(5).count()\n"
-
-
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RULEWATCH_HOME", str(tmp_path))
     monkeypatch.delenv("RULEWATCH_CLASS_ARCHIVE", raising=False)
-    monkeypatch.setattr(class_archive, "_workload", lambda lakehouse, fixtures: SMALL_WORKLOAD)
+    # The check's session and count: enough classes for a real archive in seconds rather than a whole job.
+    monkeypatch.setattr(class_archive, "_workload", lambda lakehouse, fixtures: class_archive._CHECK)
     return tmp_path
 
 
@@ -46,7 +43,7 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
     assert class_archive.build(JAVA_OPTIONS, quiet=True) == target
     assert [p.name for p in target.parent.iterdir()] == [target.name]
     # Installed means proven: a JVM that must map it (-Xshare:on) starts and runs a query.
-    check = class_archive._submit(class_archive._CHECK, f"{JAVA_OPTIONS} -Xshare:on -XX:SharedArchiveFile={target}", home)
+    check = class_archive.prove(target, JAVA_OPTIONS, home)
     assert check.returncode == 0, check.stderr[-2000:]
 
     # As if the dumping JVM had died mid-write: its first MB is all there is. The real check must refuse it.

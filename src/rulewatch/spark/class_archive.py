@@ -85,6 +85,11 @@ def _workload(lakehouse: Path, fixtures: Path) -> str:
 _CHECK = "from pyspark.sql import SparkSession\nassert SparkSession.builder.getOrCreate().range(3).count() == 3\n"
 
 
+def prove(archive: Path, java_options: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """Start a JVM that must map ``archive`` (``-Xshare:on``) and run a query: exit 0 only if it could."""
+    return _submit(_CHECK, f"{java_options} -Xshare:on -XX:SharedArchiveFile={archive}", folder)
+
+
 def build(java_options: str, quiet: bool = False) -> Path | None:
     """Dump, prove and install the archive for this JVM and these jars, once; None if it cannot be made.
 
@@ -113,7 +118,7 @@ def build(java_options: str, quiet: bool = False) -> Path | None:
             if run.returncode != 0 or not partial.is_file():
                 say(f"no JVM class archive: the run that dumps it failed (exit {run.returncode})\n{run.stderr[-1500:]}")
                 return None
-            check = _submit(_CHECK, f"{java_options} -Xshare:on -XX:SharedArchiveFile={partial}", Path(folder))
+            check = prove(partial, java_options, Path(folder))
             if check.returncode != 0:
                 say(f"no JVM class archive: a JVM could not map the one dumped\n{check.stderr[-1500:]}")
                 return None
