@@ -37,11 +37,31 @@ def test_no_options_without_an_archive_or_when_switched_off(home: Path, monkeypa
     assert class_archive.archive_options() == ""
 
 
+def _archive_owned_by(folder: Path, name: str, owner: Path) -> Path:
+    archive = folder / f"{name}.jsa"
+    archive.write_bytes(b"an archive")
+    archive.with_suffix(".owner").write_text(str(owner))
+    return archive
+
+
 def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = class_archive.archive_path()
     assert target is not None
+    folder = target.parent
+    folder.mkdir(parents=True)
+    # Superseded: this checkout's archive for other jars, and one of a checkout since deleted.
+    _archive_owned_by(folder, "older-jars", class_archive.SPARK_HOME)
+    _archive_owned_by(folder, "deleted-checkout", home / "gone" / "pyspark")
+    # Kept: another checkout's that still exists, and one from before owners were recorded.
+    (home / "other" / "pyspark").mkdir(parents=True)
+    _archive_owned_by(folder, "other-checkout", home / "other" / "pyspark")
+    (folder / "unrecorded.jsa").write_bytes(b"an archive")
+
     assert class_archive.build(JAVA_OPTIONS, quiet=True) == target
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    assert sorted(p.name for p in folder.glob("*.jsa")) == sorted([target.name, "other-checkout.jsa", "unrecorded.jsa"])
+    assert sorted(p.name for p in folder.glob("*.owner")) == sorted([target.with_suffix(".owner").name, "other-checkout.owner"])
+    for kept in ("other-checkout.jsa", "other-checkout.owner", "unrecorded.jsa"):
+        (folder / kept).unlink()
     # Installed means proven: a JVM that must map it (-Xshare:on) starts and runs a query.
     check = class_archive.prove(target, JAVA_OPTIONS, home)
     assert check.returncode == 0, check.stderr[-2000:]
@@ -49,6 +69,7 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
     # As if the dumping JVM had died mid-write: its first MB is all there is. The real check must refuse it.
     whole = target.read_bytes()
     target.unlink()
+    target.with_suffix(".owner").unlink()
     submit = class_archive._submit
 
     def dump_cut_short(script: str, java_options: str, folder: Path) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from rulewatch.spark.jars import cache_home
+from rulewatch.spark.jars import cache_home, java_binary
 
 KAFKA_VERSION = "4.1.1"
 # The broker logs through slf4j 1.7; without a binding it would log nothing at all, start-up errors included.
@@ -80,10 +80,10 @@ def _ivy_jar() -> Path:
 
 
 def _java() -> str:
-    java = shutil.which("java")
+    java = java_binary()
     if java is None:
-        raise BrokerError("java is not on PATH; install a JDK 17 or newer (the broker and Spark both need it)")
-    return java
+        raise BrokerError("no java: set JAVA_HOME or put a JDK 17 or newer on PATH (the broker and Spark both need it)")
+    return str(java)
 
 
 def fetch_broker_jars(quiet: bool = False) -> list[Path]:

@@ -9,14 +9,14 @@ is whole and proven: set-up dumps it under a temporary name from a JVM that has 
 that must map it (``-Xshare:on``), and only then renames it into place. Its name is keyed by the JVM
 build and the class path, because the JVM accepts a dynamic archive only from the same build and
 the same jars; one that no longer matches is skipped with the JVM's warning silenced, never fatal.
-``RULEWATCH_CLASS_ARCHIVE=off`` starts every JVM without it.
+Installing one removes the archives it supersedes (~200 MB each): the same checkout's older ones and
+those of checkouts that are gone. ``RULEWATCH_CLASS_ARCHIVE=off`` starts every JVM without it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,23 +25,19 @@ from pathlib import Path
 
 import pyspark
 
-from rulewatch.spark.jars import cache_home, spark_jars
+from rulewatch.spark.jars import cache_home, java_binary, spark_jars
 from rulewatch.spark.widgets import repository_root
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 # A mismatched archive (another JVM build, changed jars) would print a warning at every start.
 _QUIET = "-Xlog:cds=off,cds+dynamic=off"
-
-
-def _java() -> Path | None:
-    # The same java spark-class runs.
-    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
-    return Path(java).resolve() if java and Path(java).exists() else None
+# Beside each archive, the pyspark folder (checkout or environment) whose JVMs map it.
+_OWNER = ".owner"
 
 
 def archive_path() -> Path | None:
     """Where the archive for this JVM build and these jars lives; None without a java to key it by."""
-    java = _java()
+    java = java_binary()
     if java is None:
         return None
     key = hashlib.sha256()
@@ -102,12 +98,12 @@ def build(java_options: str, quiet: bool = False) -> Path | None:
             print(f"rulewatch: {message}", file=sys.stderr)
 
     target = archive_path()
+    if target is not None and target.is_file():
+        return target
     root = repository_root()
     if target is None or root is None or not (root / "fixtures" / "rules.json").is_file():
         say("no JVM class archive: it needs java and the repository's fixtures to run once")
         return None
-    if target.is_file():
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     say("building the JVM class archive for faster starts (once, ~2 min) ...")
@@ -122,6 +118,7 @@ def build(java_options: str, quiet: bool = False) -> Path | None:
             if check.returncode != 0:
                 say(f"no JVM class archive: a JVM could not map the one dumped\n{check.stderr[-1500:]}")
                 return None
+        target.with_suffix(_OWNER).write_text(str(SPARK_HOME))
         os.replace(partial, target)
     except (OSError, subprocess.TimeoutExpired) as error:
         say(f"no JVM class archive: {error}")
@@ -129,7 +126,25 @@ def build(java_options: str, quiet: bool = False) -> Path | None:
     finally:
         partial.unlink(missing_ok=True)
     say(f"JVM class archive: {target} ({target.stat().st_size // 2**20} MB)")
+    for stale in _superseded(target):
+        stale.unlink(missing_ok=True)
+        stale.with_suffix(_OWNER).unlink(missing_ok=True)
+        say(f"removed the stale JVM class archive {stale}")
     return target
+
+
+def _superseded(target: Path) -> list[Path]:
+    """Archives no JVM will map again: this pyspark's older ones (other jars or JDK) and deleted checkouts'."""
+    stale = []
+    for archive in target.parent.glob("*.jsa"):
+        owner = archive.with_suffix(_OWNER)
+        # An archive without its owner's record predates the record: whose it is cannot be told, so it stays.
+        if archive == target or not owner.is_file():
+            continue
+        home = Path(owner.read_text())
+        if home == SPARK_HOME or not home.is_dir():
+            stale.append(archive)
+    return stale
 
 
 if __name__ == "__main__":

@@ -32,6 +32,12 @@ def cache_home() -> Path:
     return Path(os.environ.get("RULEWATCH_HOME", Path.home() / ".cache" / "rulewatch"))
 
 
+def java_binary() -> Path | None:
+    """The java that spark-submit (and the Kafka broker) run: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    return Path(java).resolve() if java and Path(java).exists() else None
+
+
 def jars_dir() -> Path:
     """Where the resolved Spark jars live: ``<cache_home>/jars/<packages>``."""
     return cache_home() / "jars" / "+".join(p.replace(":", "_") for p in PACKAGES)
