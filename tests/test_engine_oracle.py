@@ -1016,3 +1016,42 @@ def test_a_batch_spanning_hours_writes_only_the_keys_a_later_event_can_still_see
     kept = sorted(k.split(KEY_SEPARATOR)[1] for k, v in trimmed.writes.items() if v is not None)
     assert kept == ["p22|CSH", "p23|CSH"]
     assert len([v for v in full.writes.values() if v is not None]) == 24
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    units=st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-1000, 1000)), max_size=30),
+    data=st.data(),
+)
+def test_reported_values_are_printed_by_arrow_exactly_as_decimal_prints_them(units, data):
+    """Arrow prints the window values; each must be ``str`` of the exact Decimal, null where null."""
+    import numpy as np
+
+    from rulewatch.engine.rules import Aggregator
+    from rulewatch.engine.windows import WindowAggregates, decimal_texts, to_decimal
+
+    n = len(units)
+    valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    nonnull = np.array(data.draw(st.lists(st.integers(1, 50), min_size=n, max_size=n)), dtype=np.int64)
+    agg = WindowAggregates(np.array(units, dtype=np.int64), valid, nonnull, nonnull)
+    idx = np.array(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=n * 2 if n else 0)), dtype=np.int64)
+    for aggregator in Aggregator:
+        if aggregator is Aggregator.AVG and any(abs(u) > 2**62 for u in units):
+            continue  # AVG keeps Decimal's division, unchanged
+        for scale in (0, 2):
+            want = [str(to_decimal(aggregator, agg, i, scale)) if valid[i] else None for i in idx.tolist()]
+            assert decimal_texts(aggregator, agg, idx, scale).to_pylist() == want, (aggregator, scale)
+
+
+@given(
+    last=st.lists(st.integers(-(2**61), 2**62), min_size=1, max_size=20),
+    spans=st.lists(st.sampled_from([0, 1, 3_600_000, 2**62 - 1, 2**62, 2**62 + 2**61, 2**63, 2**70]), min_size=20, max_size=20),
+)
+def test_key_expiry_saturates_without_overflow(last, spans):
+    import numpy as np
+
+    from rulewatch.engine.engine import MAX_SPAN_MS, key_expiries
+
+    spans = spans[: len(last)]
+    got = key_expiries(np.array(last, dtype=np.int64), spans).tolist()
+    assert got == [min(t + s, MAX_SPAN_MS) for t, s in zip(last, spans)]

@@ -14,10 +14,12 @@ import json
 import pickle
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from rulewatch.engine import buckets
 from rulewatch.engine.rules import EVENT_FIELDS, Aggregator, Rule, RuleError, RuleState, parse_rule
@@ -209,9 +211,12 @@ def evaluate_batch(
     keys = (events["keyset"] + KEY_SEPARATOR + events["group_key"]).to_numpy(object)
     new_group, uniq_keys = pd.factorize(keys, sort=False)
     uniq_keys = uniq_keys.tolist()
-    key_keyset = [k.split(KEY_SEPARATOR, 1)[0] for k in uniq_keys]
+    # Each key's parts from its first event (with a million keys, splitting each key costs more).
+    first = np.empty(len(uniq_keys), dtype=np.int64)
+    first[new_group[::-1]] = np.arange(len(new_group) - 1, -1, -1)
+    key_keyset = events["keyset"].to_numpy(object)[first].tolist()
     # An array, so each rule's metrics pick their keys' names with one take instead of a copy per rule.
-    key_group = np.array([k.split(KEY_SEPARATOR, 1)[1] for k in uniq_keys], dtype=object)
+    key_group = events["group_key"].to_numpy(object)[first]
 
     # Old history first, then the new events; one sort orders everything by (key, time, id).
     old, memories = _load_histories(uniq_keys, load)
@@ -340,7 +345,7 @@ def _write_back(
     spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
     retention = np.array([spans[ks][0] for ks in key_keyset], dtype=np.int64)
     memory_span = [spans[ks][1] for ks in key_keyset]
-    last_time = event_time[bounds[1:] - 1].tolist()
+    expires = key_expiries(event_time[bounds[1:] - 1], [max(spans[ks]) for ks in key_keyset])
     keep_from = bounds[:-1]
     if watermark_ms > 0:
         horizon = np.maximum(watermark_ms - retention, -MAX_SPAN_MS)
@@ -348,13 +353,11 @@ def _write_back(
         dropped = (event_time < horizon[group]).astype(np.int64)
         keep_from = keep_from + np.add.reduceat(dropped, bounds[:-1])
     text_lists = {name: cols[name].tolist() for name in _TEXT_COLUMNS}
-    writes: dict[str, bytes | None] = {}
+    gone = expires < next_watermark_ms
+    writes: dict[str, bytes | None] = dict.fromkeys(np.asarray(keys, dtype=object)[gone].tolist())
     expiry: dict[str, int] = {}
-    for g, key in enumerate(keys):
-        expires = key_expiry(last_time[g], int(retention[g]), memory_span[g])
-        if expires < next_watermark_ms:
-            writes[key] = None
-            continue
+    for g in np.flatnonzero(~gone).tolist():
+        key = keys[g]
         a, b = int(keep_from[g]), int(bounds[g + 1])
         memory = memories[g]
         if watermark_ms > 0 and memory:
@@ -367,13 +370,24 @@ def _write_back(
         for name in _TEXT_COLUMNS:
             flat.extend(text_lists[name][a:b])
         writes[key] = pickle.dumps((_FORMAT, b - a, arrays, flat, memory), protocol=5)
-        expiry[key] = expires
+        expiry[key] = int(expires[g])
     return writes, expiry
 
 
 def key_expiry(last_ms: int, retention_ms: int, memory_ms: int) -> int:
     """Event time after which a key whose newest event or memory is ``last_ms`` holds nothing useful."""
-    return min(last_ms + max(retention_ms, memory_ms), MAX_SPAN_MS)
+    return int(key_expiries(np.array([last_ms], dtype=np.int64), [max(retention_ms, memory_ms)])[0])
+
+
+# Any longer span means "never" for every event time Spark can hold (|ms| < 2**48 < 2**61).
+_SPAN_CAP = MAX_SPAN_MS + 2**61
+
+
+def key_expiries(last_ms: np.ndarray, spans_ms: Iterable[int]) -> np.ndarray:
+    """``min(last + span, MAX_SPAN_MS)`` per key (``spans_ms``: each key's larger span), saturating
+    instead of overflowing int64; exact for event times of at least -2**61."""
+    span = np.array([min(s, _SPAN_CAP) for s in spans_ms], dtype=np.int64)
+    return np.minimum(last_ms, MAX_SPAN_MS - span) + span
 
 
 def _horizon(watermark_ms: int, span_ms: int) -> int:
@@ -490,7 +504,7 @@ def _evaluate_rule(
         chosen = np.array([j for j, _ in fired], dtype=np.int64)
         p = pos[chosen]
         now = t[p]
-        texts = decimal_texts(rule.aggregator, agg, chosen, value_scale)
+        texts = decimal_texts(rule.aggregator, agg, chosen, value_scale).to_pylist()
         starts = window_start(now, rule.window_ms, rule.bucket_ms).tolist()
         # The key's parts are the triggering event's own grouping values.
         parts = list(zip(*[_field_text(cols, name)[idx[p]].tolist() for name in rule.grouping_keys]))
@@ -582,22 +596,31 @@ def _with_memory(
 
 
 def _metrics(rule: Rule, common: dict, agg, pos: np.ndarray, g: np.ndarray, t: np.ndarray, scale: int, key_group: np.ndarray) -> pd.DataFrame:
-    """Per key touched: the window at its last event of the batch and the batch's peak aggregate."""
+    """Per key touched: the window at its last event of the batch and the batch's peak aggregate.
+
+    Text columns are Arrow-backed: at a million keys this is a row per event, and pyspark hands
+    such columns to Arrow as they are instead of converting a Python string per row."""
     groups = g[pos]
     last_of_group = np.flatnonzero(np.r_[groups[1:] != groups[:-1], True])
     first_of_group = np.r_[0, last_of_group[:-1] + 1]
     peaks = np.array(_group_peaks(rule.aggregator, agg, first_of_group, last_of_group), dtype=np.int64)
     times = t[pos[last_of_group]]
-    peak_values = decimal_texts(rule.aggregator, agg, np.maximum(peaks, 0), scale)
+    peak_values = pc.if_else(peaks >= 0, decimal_texts(rule.aggregator, agg, np.maximum(peaks, 0), scale), None)
+    constants = {name: pa.repeat(value, len(times)) for name, value in {"kind": "metric", **common}.items()}
     return pd.DataFrame({
-        "kind": "metric", **common,
-        "group_key": key_group[groups[last_of_group]],
-        "event_ms": times, "transaction_id": None,
-        "aggregate_value": decimal_texts(rule.aggregator, agg, last_of_group, scale),
-        "max_aggregate": [v if p >= 0 else None for v, p in zip(peak_values, peaks.tolist())],
+        **{name: arrow_column(values) for name, values in constants.items()},
+        "group_key": arrow_column(pa.array(key_group[groups[last_of_group]], pa.string())),
+        "event_ms": times, "transaction_id": arrow_column(pa.nulls(len(times), pa.string())),
+        "aggregate_value": arrow_column(decimal_texts(rule.aggregator, agg, last_of_group, scale)),
+        "max_aggregate": arrow_column(peak_values),
         "window_start_ms": window_start(times, rule.window_ms, rule.bucket_ms), "window_end_ms": times,
         "event_count": agg.count[last_of_group],
     }, index=pd.RangeIndex(len(times)))  # fmt: skip
+
+
+def arrow_column(values: pa.Array | pa.ChunkedArray) -> pd.Series:
+    """An Arrow array as a pandas column, without converting its values."""
+    return pd.Series(pd.arrays.ArrowExtensionArray(values), copy=False)
 
 
 def _group_peaks(aggregator: Aggregator, agg, first: np.ndarray, last: np.ndarray) -> list[int]:

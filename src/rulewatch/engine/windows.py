@@ -18,6 +18,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
+import pyarrow as pa
 
 from rulewatch.engine.rules import Aggregator, Operator
 
@@ -203,13 +204,22 @@ def to_decimal(aggregator: Aggregator, agg: WindowAggregates, i: int, scale: int
     return units
 
 
-def decimal_texts(aggregator: Aggregator, agg: WindowAggregates, idx: np.ndarray, scale: int) -> list[str | None]:
-    """``str(to_decimal(...))`` of many positions at once; None where the aggregate is null."""
-    valid = agg.valid[idx].tolist()
+def decimal_texts(aggregator: Aggregator, agg: WindowAggregates, idx: np.ndarray, scale: int) -> pa.StringArray:
+    """``str(to_decimal(...))`` of many positions at once, null where the aggregate is null.
+
+    An Arrow array: with many keys a batch reports one value per key touched, and Arrow prints
+    them without a Python string each (the output goes to Spark as Arrow anyway)."""
+    valid = agg.valid[idx]
     if aggregator is Aggregator.AVG:  # divides: one by one
-        return [str(to_decimal(aggregator, agg, i, scale)) if ok else None for i, ok in zip(idx.tolist(), valid)]
-    units = agg.value[idx].tolist()
+        texts = [str(to_decimal(aggregator, agg, i, scale)) if ok else None for i, ok in zip(idx.tolist(), valid.tolist())]
+        return pa.array(texts, pa.string())
+    units = agg.value[idx]
     if aggregator in (Aggregator.COUNT, Aggregator.UNIQUE_COUNT) or scale == 0:
-        return [str(u) if ok else None for u, ok in zip(units, valid)]
-    q = 10**scale
-    return [f"{'-' if u < 0 else ''}{abs(u) // q}.{abs(u) % q:0{scale}d}" if ok else None for u, ok in zip(units, valid)]
+        return pa.array(units, mask=~valid).cast(pa.string())
+    # Minor units are the unscaled values of a decimal with ``scale`` places: sign-extended to
+    # Arrow's 128-bit little-endian layout, Arrow prints them exactly ("-0.05", "123.40").
+    wide = np.empty((len(units), 2), dtype=np.int64)
+    wide[:, 0] = units
+    wide[:, 1] = units >> 63
+    validity = pa.array(valid, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(pa.decimal128(38, scale), len(units), [validity, pa.py_buffer(wide)]).cast(pa.string())

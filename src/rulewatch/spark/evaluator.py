@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
 
 from rulewatch.spark.commands import CLEAR_STATE
-from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, decode_history, evaluate_batch, key_expiry, newest_time
+from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, arrow_column, decode_history, evaluate_batch, key_expiry, newest_time
 from rulewatch.spark.packing import PACKED_COLUMN, unpack
 from rulewatch.spark.schema import RULE_FIELDS
 from rulewatch.spark.state_batch import batched_map
@@ -57,8 +58,10 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def _complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with every output column, in order; the columns it lacks are all None."""
-    nothing = pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    """``frame`` with every output column, in order; the columns it lacks are all null (Arrow
+    nulls, which pyspark passes on without looking at each row)."""
+    nothing = arrow_column(pa.nulls(len(frame)))
+    nothing.index = frame.index
     return pd.DataFrame({c: frame[c] if c in frame else nothing for c in OUTPUT_COLUMNS})
 
 
