@@ -18,6 +18,7 @@ from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -31,11 +32,15 @@ from test_oracle import login_events as oracle_login_events  # noqa: E402
 from rulewatch.engine.engine import (  # noqa: E402
     KEY_SEPARATOR,
     MAX_REPORTED_VALUES,
+    MAX_SPAN_MS,
     RuleBook,
     decode_history,
     evaluate_batch,
+    key_expiries,
     state_key,
 )
+from rulewatch.engine.rules import Aggregator  # noqa: E402
+from rulewatch.engine.windows import WindowAggregates, decimal_texts, to_decimal  # noqa: E402
 
 MIN = 60_000
 T0 = 1_793_527_200_000  # 2026-11-01T10:00:00Z
@@ -1025,11 +1030,6 @@ def test_a_batch_spanning_hours_writes_only_the_keys_a_later_event_can_still_see
 )
 def test_reported_values_are_printed_by_arrow_exactly_as_decimal_prints_them(units, data):
     """Arrow prints the window values; each must be ``str`` of the exact Decimal, null where null."""
-    import numpy as np
-
-    from rulewatch.engine.rules import Aggregator
-    from rulewatch.engine.windows import WindowAggregates, decimal_texts, to_decimal
-
     n = len(units)
     valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
     nonnull = np.array(data.draw(st.lists(st.integers(1, 50), min_size=n, max_size=n)), dtype=np.int64)
@@ -1048,10 +1048,6 @@ def test_reported_values_are_printed_by_arrow_exactly_as_decimal_prints_them(uni
     spans=st.lists(st.sampled_from([0, 1, 3_600_000, 2**62 - 1, 2**62, 2**62 + 2**61, 2**63, 2**70]), min_size=20, max_size=20),
 )
 def test_key_expiry_saturates_without_overflow(last, spans):
-    import numpy as np
-
-    from rulewatch.engine.engine import MAX_SPAN_MS, key_expiries
-
     spans = spans[: len(last)]
     got = key_expiries(np.array(last, dtype=np.int64), spans).tolist()
     assert got == [min(t + s, MAX_SPAN_MS) for t, s in zip(last, spans)]
