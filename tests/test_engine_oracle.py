@@ -117,6 +117,9 @@ class Driver:
         self.rng = rng or random.Random(0)
         self.results = []  # (watermark, BatchResult) per batch
 
+    def load(self, keys: list[str]) -> dict[str, bytes | None]:
+        return {key: self.store.get(key) for key in keys}
+
     def fire_timers(self, watermark_ms: int) -> list[str]:
         """Event-time timers: a key whose expiry the watermark has passed is dropped."""
         fired = [k for k, t in self.timers.items() if watermark_ms > t]
@@ -132,7 +135,7 @@ class Driver:
         if watermark_ms > 0:
             self.fire_timers(watermark_ms)
         self.next_watermark_ms = next_watermark_ms
-        result = evaluate_batch(frame(rows), self.book, self.store.get, watermark_ms, next_watermark_ms)
+        result = evaluate_batch(frame(rows), self.book, self.load, watermark_ms, next_watermark_ms)
         for key, blob in result.writes.items():
             if blob is None:
                 self.store.pop(key, None)

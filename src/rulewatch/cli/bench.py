@@ -237,7 +237,7 @@ def scale_curve(window_events: list[int], keys: int = 100, batch_events: int = 5
                     "paymentAmount": rng.integers(100, 500_000, n), "paymentAmount_null": False,
                 })  # fmt: skip
                 started = time.perf_counter()
-                result = evaluate_batch(frame, book, store.get, t - 60_000)
+                result = evaluate_batch(frame, book, lambda keys: {k: store.get(k) for k in keys}, t - 60_000)
                 for key, blob in result.writes.items():
                     if blob is None:
                         store.pop(key, None)

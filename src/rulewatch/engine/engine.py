@@ -139,7 +139,7 @@ _FORMAT = "h1"
 def decode_history(blob: bytes) -> tuple[dict[str, np.ndarray], dict]:
     """One key's stored events (as numpy columns) and memory; the format is written by ``_write_back``:
     raw array bytes plus one flat list of the text columns (~20x faster than pickling object arrays)."""
-    cols, memories = _load_histories([""], lambda _: blob)
+    cols, memories = _load_histories([blob])
     del cols["group"]
     for name in _TEXT_COLUMNS:
         column = np.empty(len(cols[name]), dtype=object)
@@ -188,15 +188,17 @@ def _late_rows(late: pd.DataFrame, watermark_ms: int) -> list[dict]:
 def evaluate_batch(
     events: pd.DataFrame,
     book: RuleBook,
-    load: Callable[[str], bytes | None],
+    load: Callable[[list[str]], Mapping[str, bytes | None]],
     watermark_ms: int,
     next_watermark_ms: int = 0,
 ) -> BatchResult:
     """Evaluate every active rule on every event of the batch over its exact look-back window.
 
     ``events`` has one row per (event, keyset): columns ``keyset``, ``group_key`` and the event
-    fields (money as int64 minor units plus a ``<field>_null`` mask). Events older than the
-    watermark are past the allowed lateness: reported as ``late`` rows, neither evaluated nor kept.
+    fields (money as int64 minor units plus a ``<field>_null`` mask). ``load`` is called once, with
+    the state keys of the batch's events, and returns each key's stored blob (None: nothing stored).
+    Events older than the watermark are past the allowed lateness: reported as ``late`` rows,
+    neither evaluated nor kept.
     ``next_watermark_ms`` (0: unknown) is a floor on the watermark of the next batch: a key that
     expires before it holds nothing any later event can see, so it is deleted instead of written.
     """
@@ -214,12 +216,16 @@ def evaluate_batch(
     # Each key's parts from its first event (with a million keys, splitting each key costs more).
     first = np.empty(len(uniq_keys), dtype=np.int64)
     first[new_group[::-1]] = np.arange(len(new_group) - 1, -1, -1)
-    key_keyset = events["keyset"].to_numpy(object)[first].tolist()
+    # Keysets as small integer codes: per-key lookups become array takes (few keysets, a million keys).
+    keyset_code, keysets = pd.factorize(events["keyset"], sort=False)
+    key_code = keyset_code[first]
+    keysets = keysets.tolist()
     # An array, so each rule's metrics pick their keys' names with one take instead of a copy per rule.
     key_group = events["group_key"].to_numpy(object)[first]
 
     # Old history first, then the new events; one sort orders everything by (key, time, id).
-    old, memories = _load_histories(uniq_keys, load)
+    stored = load(uniq_keys)
+    old, memories = _load_histories([stored[key] for key in uniq_keys])
     n_old = len(old["group"])
     new_cols = _event_columns(events)
     cols = {name: _concat(old[name], new_cols[name]) for name in HISTORY_COLUMNS}
@@ -234,33 +240,39 @@ def evaluate_batch(
     cols = {name: col[order] for name, col in cols.items()}
     group, is_new, ingest = group[order], is_new[order], ingest[order]
 
-    keyset_of_group = np.array(key_keyset, dtype=object)[group]
+    keyset_of_group = key_code[group]
     for keyset, rules in book.active_by_keyset().items():
-        in_keyset = keyset_of_group == keyset
-        if not in_keyset.any():
+        if keyset not in keysets:
             continue
+        in_keyset = keyset_of_group == keysets.index(keyset)
         for rule, version, cleared in rules:
             alerts, rule_metrics = _evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories)
             rows.extend(alerts)
             if rule_metrics is not None:
                 metrics.append(rule_metrics)
     if watermark_ms > 0:
-        _fold_buckets(key_keyset, cols, group, memories, book, watermark_ms)
-    writes, expiry = _write_back(uniq_keys, key_keyset, cols, group, memories, book, watermark_ms, next_watermark_ms)
+        _fold_buckets(key_code, keysets, cols, group, memories, book, watermark_ms)
+    writes, expiry = _write_back(uniq_keys, key_code, keysets, cols, group, memories, book, watermark_ms, next_watermark_ms)
     return BatchResult(rows, writes, expiry, metrics)
 
 
 def _fold_buckets(
-    key_keyset: list[str], cols: Mapping[str, np.ndarray], group: np.ndarray, memories: list[dict], book: RuleBook, watermark_ms: int
+    key_code: np.ndarray,
+    keysets: list[str],
+    cols: Mapping[str, np.ndarray],
+    group: np.ndarray,
+    memories: list[dict],
+    book: RuleBook,
+    watermark_ms: int,
 ) -> None:
     """Fold each bucketed rule's buckets that the watermark has closed into its per-key summary
     (paused rules too, so they resume with their history). Runs before raw history is trimmed."""
     everything = np.arange(len(group))
-    bounds = np.searchsorted(group, np.arange(len(key_keyset) + 1)).tolist()
+    bounds = np.searchsorted(group, np.arange(len(key_code) + 1)).tolist()
     for rule_id, (rule, _) in book.rules.items():
-        keys = [k for k, ks in enumerate(key_keyset) if ks == rule.keyset]
-        if not rule.bucket_ms or not keys:
+        if not rule.bucket_ms or rule.keyset not in keysets:
             continue
+        keys = np.flatnonzero(key_code == keysets.index(rule.keyset)).tolist()
         cleared = book.cleared.get(rule_id)
         sel = _seen_by(rule, cleared, cols, np.ones(len(group), dtype=bool))
         values, valid, _ = _rule_values(rule, cols, everything)
@@ -278,6 +290,8 @@ def _fold_buckets(
 
 
 def _concat(old: np.ndarray | list, new: np.ndarray) -> np.ndarray:
+    if len(old) == 0:
+        return new
     if new.dtype != object:
         return np.concatenate([old, new])
     out = np.empty(len(old) + len(new), dtype=object)
@@ -286,23 +300,20 @@ def _concat(old: np.ndarray | list, new: np.ndarray) -> np.ndarray:
     return out
 
 
-def _load_histories(keys: list[str], load: Callable[[str], bytes | None]) -> tuple[dict, list[dict]]:
-    """Every stored event of ``keys`` as whole columns (``group`` = index into ``keys``), plus
-    each key's memory. Columns are gathered raw and converted once, not per key."""
+def _load_histories(blobs: list[bytes | None]) -> tuple[dict, list[dict]]:
+    """Every stored event of each key's blob as whole columns (``group`` = index into ``blobs``),
+    plus each key's memory. Columns are gathered raw and converted once, not per key."""
     raw: dict[str, list] = {name: [] for name, _ in _ARRAY_COLUMNS}
     texts: dict[str, list] = {name: [] for name in _TEXT_COLUMNS}
     sizes: list[int] = []
     owners: list[int] = []
-    memories: list[dict] = []
-    for g, key in enumerate(keys):
-        blob = load(key)
-        if blob is None:
-            memories.append({})
-            continue
-        fmt, n, arrays, flat, memory = pickle.loads(blob)
+    memories: list[dict] = [{} for _ in blobs]
+    # Only stored keys in the loop: in a batch of a million keys most may be new.
+    for g in [g for g, blob in enumerate(blobs) if blob is not None]:
+        fmt, n, arrays, flat, memory = pickle.loads(blobs[g])
         if fmt != _FORMAT:
             raise ValueError(f"unknown history state format {fmt!r}; this state was written by another rulewatch version")
-        memories.append(memory)
+        memories[g] = memory
         for (name, _), chunk in zip(_ARRAY_COLUMNS, arrays):
             raw[name].append(chunk)
         for i, name in enumerate(_TEXT_COLUMNS):
@@ -327,7 +338,8 @@ def _event_order(group: np.ndarray, time: np.ndarray, ids: np.ndarray) -> np.nda
 
 def _write_back(
     keys: list[str],
-    key_keyset: list[str],
+    key_code: np.ndarray,
+    keysets: list[str],
     cols: Mapping[str, np.ndarray],
     group: np.ndarray,
     memories: list[dict],
@@ -342,10 +354,14 @@ def _write_back(
     event could read it (a batch spanning hours, such as a backfill, touches many such keys)."""
     bounds = np.searchsorted(group, np.arange(len(keys) + 1))
     event_time = cols["eventTime"]
-    spans = {ks: (book.retention_ms(ks), book.memory_ms(ks)) for ks in set(key_keyset)}
-    retention = np.array([spans[ks][0] for ks in key_keyset], dtype=np.int64)
-    memory_span = [spans[ks][1] for ks in key_keyset]
-    expires = key_expiries(event_time[bounds[1:] - 1], [max(spans[ks]) for ks in key_keyset])
+    # Per keyset, then taken per key by its keyset's code.
+    retention = np.array([book.retention_ms(ks) for ks in keysets], dtype=np.int64)[key_code]
+    memory_span = [book.memory_ms(ks) for ks in keysets]
+    expires = np.empty(len(keys), dtype=np.int64)
+    newest = event_time[bounds[1:] - 1]
+    for code, keyset in enumerate(keysets):
+        at = key_code == code
+        expires[at] = key_expiries(newest[at], [max(book.retention_ms(keyset), book.memory_ms(keyset))])
     keep_from = bounds[:-1]
     if watermark_ms > 0:
         horizon = np.maximum(watermark_ms - retention, -MAX_SPAN_MS)
@@ -361,7 +377,7 @@ def _write_back(
         a, b = int(keep_from[g]), int(bounds[g + 1])
         memory = memories[g]
         if watermark_ms > 0 and memory:
-            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[g]))
+            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[key_code[g]]))
         if a == b and not memory:
             writes[key] = None
             continue

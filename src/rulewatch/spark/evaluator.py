@@ -370,14 +370,11 @@ class ShardEvaluator:
             events = unpack(packed)
             self.history.open(fresh=self._check_layout())
             book = self._book()
-            # Every key the engine can ask for, read as one batch. Late events' keys are included
-            # (a few reads more); a key outside the batch raises instead of reading as empty.
-            stored = self.history.get_many((events["keyset"] + KEY_SEPARATOR + events["group_key"]).unique())
             watermark = timerValues.getCurrentWatermarkInMs()
             next_watermark = 0
             if self.lateness_ms is not None:
                 next_watermark = max(watermark, int(events["eventTime"].max()) - self.lateness_ms, 0)
-            result = evaluate_batch(events, book, stored.__getitem__, watermark, next_watermark)
+            result = evaluate_batch(events, book, self.history.get_many, watermark, next_watermark)
             self.history.rows_written = self.history.bytes_written = 0
             self.history.put_many(result.writes)
             self.history.flush()
