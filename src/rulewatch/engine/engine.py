@@ -240,6 +240,7 @@ def evaluate_batch(
     cols = {name: col[order] for name, col in cols.items()}
     group, is_new, ingest = group[order], is_new[order], ingest[order]
 
+    batch_keys = _Keys(uniq_keys, key_code, keysets, group, np.searchsorted(group, np.arange(len(uniq_keys) + 1)))
     keyset_of_group = key_code[group]
     for keyset, rules in book.active_by_keyset().items():
         if keyset not in keysets:
@@ -251,36 +252,47 @@ def evaluate_batch(
             if rule_metrics is not None:
                 metrics.append(rule_metrics)
     if watermark_ms > 0:
-        _fold_buckets(key_code, keysets, cols, group, memories, book, watermark_ms)
-    writes, expiry = _write_back(uniq_keys, key_code, keysets, cols, group, memories, book, watermark_ms, next_watermark_ms)
+        _fold_buckets(batch_keys, cols, memories, book, watermark_ms)
+    writes, expiry = _write_back(batch_keys, cols, memories, book, watermark_ms, next_watermark_ms)
     return BatchResult(rows, writes, expiry, metrics)
 
 
-def _fold_buckets(
-    key_code: np.ndarray,
-    keysets: list[str],
-    cols: Mapping[str, np.ndarray],
-    group: np.ndarray,
-    memories: list[dict],
-    book: RuleBook,
-    watermark_ms: int,
-) -> None:
+@dataclass(frozen=True)
+class _Keys:
+    """The state keys a batch touches, and where each key's rows are once sorted by (key, time)."""
+
+    names: list[str]
+    code: np.ndarray  # per key: its keyset, as an index into ``keysets`` (array takes instead of a lookup per key)
+    keysets: list[str]
+    group: np.ndarray  # per row: its key, as an index into ``names``
+    bounds: np.ndarray  # key k's rows are ``bounds[k]:bounds[k + 1]``
+
+    def of_keyset(self, keyset: str) -> np.ndarray:
+        """Indexes of the keys in ``keyset``."""
+        if keyset not in self.keysets:
+            return np.empty(0, dtype=np.int64)
+        return np.flatnonzero(self.code == self.keysets.index(keyset))
+
+
+def _fold_buckets(keys: _Keys, cols: Mapping[str, np.ndarray], memories: list[dict], book: RuleBook, watermark_ms: int) -> None:
     """Fold each bucketed rule's buckets that the watermark has closed into its per-key summary
     (paused rules too, so they resume with their history). Runs before raw history is trimmed."""
-    everything = np.arange(len(group))
-    bounds = np.searchsorted(group, np.arange(len(key_code) + 1)).tolist()
+    everything = np.arange(len(keys.group))
+    bounds = keys.bounds.tolist()
     for rule_id, (rule, _) in book.rules.items():
-        if not rule.bucket_ms or rule.keyset not in keysets:
+        if not rule.bucket_ms:
             continue
-        keys = np.flatnonzero(key_code == keysets.index(rule.keyset)).tolist()
+        in_keyset = keys.of_keyset(rule.keyset).tolist()
+        if not in_keyset:
+            continue
         cleared = book.cleared.get(rule_id)
-        sel = _seen_by(rule, cleared, cols, np.ones(len(group), dtype=bool))
+        sel = _seen_by(rule, cleared, cols, np.ones(len(keys.group), dtype=bool))
         values, valid, _ = _rule_values(rule, cols, everything)
         fp = buckets.fingerprint(rule, cleared)
         fold_to = watermark_ms // rule.bucket_ms * rule.bucket_ms
         # Oldest bucket a window of a non-late event can still reach.
         keep_from = int(window_start(np.array([watermark_ms]), rule.window_ms, rule.bucket_ms)[0])
-        for k in keys:
+        for k in in_keyset:
             a, z = bounds[k], bounds[k + 1]
             m = sel[a:z]
             entry = memories[k].setdefault(rule_id, {"last_alert": None, "reported": {}})
@@ -337,47 +349,39 @@ def _event_order(group: np.ndarray, time: np.ndarray, ids: np.ndarray) -> np.nda
 
 
 def _write_back(
-    keys: list[str],
-    key_code: np.ndarray,
-    keysets: list[str],
-    cols: Mapping[str, np.ndarray],
-    group: np.ndarray,
-    memories: list[dict],
-    book: RuleBook,
-    watermark_ms: int,
-    next_watermark_ms: int,
+    keys: _Keys, cols: Mapping[str, np.ndarray], memories: list[dict], book: RuleBook, watermark_ms: int, next_watermark_ms: int
 ) -> tuple[dict[str, bytes | None], dict[str, int]]:
     """Each touched key's new blob (None: nothing left to keep) and expiry time.
 
     Rows are sorted by (key, time), so what a key keeps is a contiguous run ending at its last row.
     A key expiring before ``next_watermark_ms`` is deleted: its cleanup timer would fire before any
     event could read it (a batch spanning hours, such as a backfill, touches many such keys)."""
-    bounds = np.searchsorted(group, np.arange(len(keys) + 1))
+    bounds = keys.bounds
     event_time = cols["eventTime"]
     # Per keyset, then taken per key by its keyset's code.
-    retention = np.array([book.retention_ms(ks) for ks in keysets], dtype=np.int64)[key_code]
-    memory_span = [book.memory_ms(ks) for ks in keysets]
-    expires = np.empty(len(keys), dtype=np.int64)
+    retention = np.array([book.retention_ms(ks) for ks in keys.keysets], dtype=np.int64)[keys.code]
+    memory_span = [book.memory_ms(ks) for ks in keys.keysets]
+    expires = np.empty(len(keys.names), dtype=np.int64)
     newest = event_time[bounds[1:] - 1]
-    for code, keyset in enumerate(keysets):
-        at = key_code == code
+    for code, keyset in enumerate(keys.keysets):
+        at = keys.code == code
         expires[at] = key_expiries(newest[at], [max(book.retention_ms(keyset), book.memory_ms(keyset))])
     keep_from = bounds[:-1]
     if watermark_ms > 0:
         horizon = np.maximum(watermark_ms - retention, -MAX_SPAN_MS)
         # Times are sorted within a key, so the rows it drops are a prefix: count them.
-        dropped = (event_time < horizon[group]).astype(np.int64)
+        dropped = (event_time < horizon[keys.group]).astype(np.int64)
         keep_from = keep_from + np.add.reduceat(dropped, bounds[:-1])
     text_lists = {name: cols[name].tolist() for name in _TEXT_COLUMNS}
     gone = expires < next_watermark_ms
-    writes: dict[str, bytes | None] = dict.fromkeys(np.asarray(keys, dtype=object)[gone].tolist())
+    writes: dict[str, bytes | None] = dict.fromkeys(np.asarray(keys.names, dtype=object)[gone].tolist())
     expiry: dict[str, int] = {}
     for g in np.flatnonzero(~gone).tolist():
-        key = keys[g]
+        key = keys.names[g]
         a, b = int(keep_from[g]), int(bounds[g + 1])
         memory = memories[g]
         if watermark_ms > 0 and memory:
-            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[key_code[g]]))
+            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[keys.code[g]]))
         if a == b and not memory:
             writes[key] = None
             continue
