@@ -243,9 +243,10 @@ def evaluate_batch(
     batch_keys = _Keys(uniq_keys, key_code, keysets, group, np.searchsorted(group, np.arange(len(uniq_keys) + 1)))
     keyset_of_group = key_code[group]
     for keyset, rules in book.active_by_keyset().items():
-        if keyset not in keysets:
+        code = batch_keys.code_of(keyset)
+        if code is None:
             continue
-        in_keyset = keyset_of_group == keysets.index(keyset)
+        in_keyset = keyset_of_group == code
         for rule, version, cleared in rules:
             alerts, rule_metrics = _evaluate_rule(rule, version, cleared, in_keyset, cols, group, is_new, ingest, key_group, memories)
             rows.extend(alerts)
@@ -267,11 +268,14 @@ class _Keys:
     group: np.ndarray  # per row: its key, as an index into ``names``
     bounds: np.ndarray  # key k's rows are ``bounds[k]:bounds[k + 1]``
 
+    def code_of(self, keyset: str) -> int | None:
+        """``keyset``'s code, None when the batch has no key in it."""
+        return self.keysets.index(keyset) if keyset in self.keysets else None
+
     def of_keyset(self, keyset: str) -> np.ndarray:
         """Indexes of the keys in ``keyset``."""
-        if keyset not in self.keysets:
-            return np.empty(0, dtype=np.int64)
-        return np.flatnonzero(self.code == self.keysets.index(keyset))
+        code = self.code_of(keyset)
+        return np.empty(0, dtype=np.int64) if code is None else np.flatnonzero(self.code == code)
 
 
 def _fold_buckets(keys: _Keys, cols: Mapping[str, np.ndarray], memories: list[dict], book: RuleBook, watermark_ms: int) -> None:
@@ -359,13 +363,14 @@ def _write_back(
     bounds = keys.bounds
     event_time = cols["eventTime"]
     # Per keyset, then taken per key by its keyset's code.
-    retention = np.array([book.retention_ms(ks) for ks in keys.keysets], dtype=np.int64)[keys.code]
+    retention_of = [book.retention_ms(ks) for ks in keys.keysets]
     memory_span = [book.memory_ms(ks) for ks in keys.keysets]
+    retention = np.array(retention_of, dtype=np.int64)[keys.code]
     expires = np.empty(len(keys.names), dtype=np.int64)
     newest = event_time[bounds[1:] - 1]
-    for code, keyset in enumerate(keys.keysets):
+    for code, spans in enumerate(zip(retention_of, memory_span)):
         at = keys.code == code
-        expires[at] = key_expiries(newest[at], [max(book.retention_ms(keyset), book.memory_ms(keyset))])
+        expires[at] = key_expiries(newest[at], [max(spans)])
     keep_from = bounds[:-1]
     if watermark_ms > 0:
         horizon = np.maximum(watermark_ms - retention, -MAX_SPAN_MS)
