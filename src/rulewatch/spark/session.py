@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from rulewatch.spark.class_archive import archive_options
 from rulewatch.spark.jars import fetch_spark_jars
+from rulewatch.spark import worker_daemon
 from rulewatch.spark.widgets import repository_root
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -136,6 +137,8 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     root = repository_root()
     if root is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(root / "spark-warehouse"))
+    for key, value in worker_daemon.confs(remote).items():
+        builder = builder.config(key, value)
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
     builder = builder.config("spark.driver.extraJavaOptions", f"{JAVA_OPTIONS} {archive_options()}".strip())
     with _jvm_stderr_filtered():
