@@ -24,7 +24,8 @@ def test_group_keys_of_different_values_never_collide(spark):
 
 def test_every_event_is_routed_once_per_keyset_it_has_all_fields_of(spark):
     """Against keys built in Python from the collected rows: nulls drop the event from that keyset
-    only, an unknown field name routes nothing, money is keyed by its text, parts keep their order."""
+    only, an unknown field name routes nothing, money is keyed by its text, parts keep their order, and a
+    keyset longer than the fields there are (an invalid rule's: a field named twice) routes nothing."""
     from decimal import Decimal
 
     from rulewatch.spark.keying import fan_out
@@ -41,7 +42,8 @@ def test_every_event_is_routed_once_per_keyset_it_has_all_fields_of(spark):
         "transaction_id string, payee_id string, beneficiary_id string, payment_amount decimal(12,2), "
         "payment_type string, user_id string, ip string, action string",
     )
-    names = [["payeeId"], ["beneficiaryId", "payeeId"], ["paymentAmount", "paymentType"], ["userId", "action"], ["ip"], ["payeeId", "nope"]]
+    names = [["payeeId"], ["beneficiaryId", "payeeId"], ["paymentAmount", "paymentType"], ["userId", "action"], ["ip"], ["payeeId", "nope"],
+             ["payeeId"] * (len(FIELD_COLUMNS) + 1)]
     keysets = spark.createDataFrame([(n,) for n in names], "groupingKeyNames array<string>")
 
     def text(value):
@@ -52,7 +54,7 @@ def test_every_event_is_routed_once_per_keyset_it_has_all_fields_of(spark):
         by_field = dict(zip(FIELD_COLUMNS, row))
         for keyset in names:
             parts = [text(by_field.get(name)) for name in keyset]
-            if None not in parts:
+            if None not in parts and len(keyset) <= len(FIELD_COLUMNS):
                 expected.add((row[0], ",".join(keyset), "|".join(parts)))
     got = fan_out(events, keysets, 4).select("transaction_id", "keyset", "group_key").collect()
     assert len(got) == len(expected)
