@@ -16,23 +16,26 @@ def _package(root: Path, name: str) -> None:
     (root / name / "__init__.py").write_text("")
 
 
-def test_only_zips_of_the_installed_packages_leave_the_path(tmp_path):
+def test_only_archives_of_the_installed_packages_leave_the_path(tmp_path):
     site = tmp_path / "site"
     _package(site, "pyspark")
-    lib = site / "pyspark" / "python" / "lib"
-    other = tmp_path / "other-spark" / "python" / "lib"
-    for folder in (lib, other):
-        folder.mkdir(parents=True)
-        for name in ("pyspark.zip", "py4j-0.10.9.9-src.zip"):
-            (folder / name).write_bytes(b"")
-    path = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"), str(other / "pyspark.zip"), str(site)]
+    home = site / "pyspark"
+    other = tmp_path / "other-spark"
+    for spark_home in (home, other):
+        (spark_home / "python" / "lib").mkdir(parents=True)
+        (spark_home / "jars").mkdir()
+        for name in ("python/lib/pyspark.zip", "python/lib/py4j-0.10.9.9-src.zip", "python/lib/extra.zip", "jars/spark-core.jar"):
+            (spark_home / name).write_bytes(b"")
+    ours = [str(home / n) for n in ("python/lib/pyspark.zip", "python/lib/py4j-0.10.9.9-src.zip", "jars/spark-core.jar")]
+    theirs = [str(other / n) for n in ("python/lib/pyspark.zip", "jars/spark-core.jar")]
+    path = [*ours, str(home / "python/lib/extra.zip"), *theirs, str(site)]
 
     # py4j is not installed beside pyspark here, so its zip is the only copy and stays
-    assert worker_daemon.installed_twin_zips(path) == [str(lib / "pyspark.zip")]
+    assert worker_daemon.spark_archives(path) == [ours[0], ours[2]]
     _package(site, "py4j")
-    assert worker_daemon.installed_twin_zips(path) == [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
-    # no pyspark outside the zips: nothing to fall back on, every zip stays
-    assert worker_daemon.installed_twin_zips(path[:3]) == []
+    assert worker_daemon.spark_archives(path) == ours
+    # no pyspark outside the archives: nothing to fall back on, every archive stays
+    assert worker_daemon.spark_archives(path[:-1]) == []
 
 
 @pytest.mark.parametrize(
@@ -61,11 +64,11 @@ def test_workers_run_the_installed_pyspark_with_the_engine_preloaded(spark):
         for _ in batches:
             yield pd.DataFrame({
                 "pyspark_from": [sys.modules["pyspark"].__file__],
-                "spark_zips_on_path": [sum(p.endswith("pyspark.zip") or "/py4j-" in p for p in sys.path)],
+                "archives_read": [sum(type(i).__name__ == "zipimporter" and "pyspark" in k for k, i in sys.path_importer_cache.items())],
                 "engine_preloaded": ["rulewatch.spark.processor" in sys.modules],
             })  # fmt: skip
 
-    rows = spark.range(4, numPartitions=2).mapInPandas(worker_view, "pyspark_from string, spark_zips_on_path int, engine_preloaded boolean").collect()
+    rows = spark.range(4, numPartitions=2).mapInPandas(worker_view, "pyspark_from string, archives_read int, engine_preloaded boolean").collect()
     installed = Path(sys.modules["pyspark"].__file__).resolve()
     assert {Path(r.pyspark_from).resolve() for r in rows} == {installed}
-    assert {(r.spark_zips_on_path, r.engine_preloaded) for r in rows} == {(0, True)}
+    assert {(r.archives_read, r.engine_preloaded) for r in rows} == {(0, True)}

@@ -1,19 +1,23 @@
 """Spark's Python worker daemon, with what every worker imports done once, before it forks.
 
 Local sessions start their Python workers through this module (``spark.python.daemon.module``);
-it runs ``pyspark.daemon`` unchanged after two things:
-- Spark puts its own ``pyspark.zip`` first on a worker's path, and zipimport cannot cache
-  bytecode, so every fresh process compiled pyspark from source (~0.8 s here) and each forked
-  worker re-read the zip's directory on its first task. When the zip is the one inside the pyspark
-  installed in this environment, the installed copy (with its bytecode) is the same code: the zips
-  are dropped from the path.
+it runs ``pyspark.daemon`` unchanged after three things (docs/benchmarks.md, "Python workers start
+from the installed pyspark"):
+- Spark puts ``pyspark.zip``, ``py4j-*.zip`` and its ``spark-core`` jar first on a worker's path.
+  zipimport cannot cache bytecode, so every fresh process compiled pyspark from source (~0.8 s
+  here), and each forked worker re-read all three archives' directories on its first task. With
+  pip's pyspark they are copies of what this environment has installed: they leave the path.
 - A forked worker imported pandas, pyarrow, pyspark's worker and the evaluator again (~1 s of CPU
   each); imported here, every fork inherits them.
+- After each task a worker runs a full garbage collection, which walked all those modules'
+  objects again (~5 ms a task; 1.9 s over gold's stateful tasks at 1M keys). Frozen before the
+  fork, they are skipped.
 Databricks and Spark Connect servers run their own workers and never see this module.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from importlib.machinery import PathFinder
@@ -34,29 +38,37 @@ def confs(remote: str | None) -> dict[str, str]:
     return {"spark.python.daemon.module": MODULE}
 
 
-def installed_twin_zips(path: list[str]) -> list[str]:
-    """The entries of ``path`` that are Spark's zips of packages installed elsewhere on ``path``.
+def spark_archives(path: list[str]) -> list[str]:
+    """The entries of ``path`` that are Spark's archives of packages installed elsewhere on ``path``.
 
-    Spark adds ``$SPARK_HOME/python/lib/pyspark.zip`` and ``py4j-*.zip``; with pip's pyspark,
-    SPARK_HOME is the installed package, so its zips copy what the environment has. A zip stays
-    unless it lies inside the installed pyspark and its package is importable without it."""
-    rest = [p for p in path if not p.endswith(".zip")]
+    Spark adds ``$SPARK_HOME/python/lib/pyspark.zip`` and ``py4j-*.zip`` and the jar of its own
+    classes; with pip's pyspark, SPARK_HOME is the installed package. An archive leaves only if it
+    lies inside that package and what it holds is importable without it."""
+    rest = [p for p in path if not p.endswith((".zip", ".jar"))]
     installed = PathFinder.find_spec("pyspark", rest)
     if installed is None or installed.origin is None:
         return []
-    lib = Path(installed.origin).resolve().parent / "python" / "lib"
-    twins = []
+    home = Path(installed.origin).resolve().parent
+    archives = []
     for entry in path:
-        zipped = Path(entry)
-        package = "pyspark" if zipped.name == "pyspark.zip" else "py4j" if zipped.name.startswith("py4j-") else None
-        if package and zipped.suffix == ".zip" and zipped.resolve().parent == lib and PathFinder.find_spec(package, rest):
-            twins.append(entry)
-    return twins
+        archive = Path(entry)
+        folder = archive.resolve().parent
+        if archive.suffix == ".jar" and folder == home / "jars":
+            archives.append(entry)
+        elif archive.suffix == ".zip" and folder == home / "python" / "lib":
+            package = "pyspark" if archive.name == "pyspark.zip" else "py4j" if archive.name.startswith("py4j-") else None
+            if package and PathFinder.find_spec(package, rest):
+                archives.append(entry)
+    return archives
 
 
 def main() -> None:
-    for entry in installed_twin_zips(sys.path):
+    dropped = spark_archives(sys.path)
+    for entry in dropped:
         sys.path.remove(entry)
+    # the importers already made for them (and for folders inside them) would still be re-read
+    for entry in [e for e in sys.path_importer_cache if e.startswith(tuple(dropped))]:
+        del sys.path_importer_cache[entry]
     for name in PRELOAD:
         try:
             __import__(name)
@@ -64,6 +76,7 @@ def main() -> None:
             pass
     from pyspark.daemon import manager
 
+    gc.freeze()
     manager()
 
 
