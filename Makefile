@@ -54,8 +54,10 @@ $(STAMP40): pyproject.toml requirements.lock
 	$(VENV40)/bin/python -m rulewatch.spark.jars
 	touch $(STAMP40)
 
+# On Spark's own Python worker daemon: the main leg starts workers from rulewatch.spark.worker_daemon,
+# so the fallback (RULEWATCH_WORKER_DAEMON=off, and every session not built here) is checked here.
 test-spark40: setup-spark40
-	$(VENV40)/bin/pytest -q $(SPARK40_TESTS)
+	RULEWATCH_WORKER_DAEMON=off $(VENV40)/bin/pytest -q $(SPARK40_TESTS)
 
 # The report's browser test (tests/test_report_browser.py) looks at it in headless Chromium, and fails
 # rather than skips without one: install Debian's package when it is missing (as root, or through sudo).
