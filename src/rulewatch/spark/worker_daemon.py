@@ -72,7 +72,7 @@ def main() -> None:
     for name in PRELOAD:
         try:
             __import__(name)
-        except ImportError:  # another pyspark's layout: that worker imports it itself, as before
+        except Exception:  # e.g. another pyspark's layout: a task that needs it imports it, as before
             pass
     from pyspark.daemon import manager
 
