@@ -7,35 +7,53 @@ from the installed pyspark"):
   zipimport cannot cache bytecode, so every fresh process compiled pyspark from source (~0.8 s
   here), and each forked worker re-read all three archives' directories on its first task. With
   pip's pyspark they are copies of what this environment has installed: they leave the path.
-- A forked worker imported pandas, pyarrow, pyspark's worker and the evaluator again (~1 s of CPU
-  each); imported here, every fork inherits them.
+- A forked worker imported pyspark's worker, pandas and pyarrow again (~1 s of CPU each);
+  imported here, every fork inherits them. rulewatch's own modules are not preloaded, so a worker
+  forked after an edit runs the edited code, as with Spark's daemon.
 - After each task a worker runs a full garbage collection, which walked all those modules'
   objects again (~5 ms a task; 1.9 s over gold's stateful tasks at 1M keys). Frozen before the
   fork, they are skipped.
-Databricks and Spark Connect servers run their own workers and never see this module.
+numpy's global random state would be inherited by every fork; each child reseeds it, as a fresh
+import would. The sessions rulewatch builds use it (a local Connect server's workers included);
+Databricks and remote Connect servers start their own workers.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from importlib.machinery import PathFinder
 from pathlib import Path
 
 MODULE = __name__
-# The modules a rulewatch task's worker imports: the worker loop, Arrow batches, the stateful
-# processor's state client and the engine behind it.
-PRELOAD = ("pyspark.worker", "pandas", "pyarrow", "pyspark.sql.streaming.stateful_processor_api_client", "rulewatch.spark.processor")
+SWITCH = "RULEWATCH_WORKER_DAEMON"
+# What a rulewatch task's worker imports from outside rulewatch: the worker loop, Arrow batches
+# and the stateful processor's state client.
+PRELOAD = ("pyspark.worker", "pandas", "pyarrow", "pyspark.sql.streaming.stateful_processor_api_client")
 
 
 def confs(remote: str | None) -> dict[str, str]:
-    """The session settings that start workers through this module: for a session this process
-    builds, or a Connect server it starts (``remote`` "local..."), whose workers share this
-    environment. ``RULEWATCH_WORKER_DAEMON=off`` keeps Spark's own daemon."""
-    if os.environ.get("RULEWATCH_WORKER_DAEMON", "on") == "off" or (remote and not remote.startswith("local")):
+    """The session settings that start workers through this module, for a session this process
+    builds or a Connect server it starts (``remote`` "local..."): their workers share this
+    environment. None if ``RULEWATCH_WORKER_DAEMON=off`` or the workers' Python cannot import it."""
+    if os.environ.get(SWITCH, "on").strip().lower() in {"0", "false", "off", "no"}:
+        return {}
+    if (remote and not remote.startswith("local")) or not workers_can_import():
         return {}
     return {"spark.python.daemon.module": MODULE}
+
+
+def workers_can_import() -> bool:
+    """Whether the workers' Python finds this module with this process's environment; a path added
+    at run time (a notebook's ``sys.path.insert``) does not reach it, and a daemon that cannot
+    start would fail every Python task."""
+    python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+    try:
+        return subprocess.run([python, "-c", f"import {MODULE}"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def spark_archives(path: list[str]) -> list[str]:
@@ -62,6 +80,20 @@ def spark_archives(path: list[str]) -> list[str]:
     return archives
 
 
+def _reseed_numpy() -> None:
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def prepare_forks() -> None:
+    """Children reseed numpy's global random state; what is loaded now is frozen out of their
+    collections (collected first, so no garbage is frozen with it)."""
+    os.register_at_fork(after_in_child=_reseed_numpy)
+    gc.collect()
+    gc.freeze()
+
+
 def main() -> None:
     dropped = spark_archives(sys.path)
     for entry in dropped:
@@ -76,7 +108,7 @@ def main() -> None:
             pass
     from pyspark.daemon import manager
 
-    gc.freeze()
+    prepare_forks()
     manager()
 
 
