@@ -20,6 +20,11 @@ FUTURE_TOLERANCE_ENV = "RULEWATCH_FUTURE_TOLERANCE"
 DEFAULT_FUTURE_TOLERANCE = "5m"
 
 
+def switched_off(env: str) -> bool:
+    """Whether the on-by-default switch ``env`` is set to 0, false, off or no (any case)."""
+    return os.environ.get(env, "on").strip().lower() in {"0", "false", "off", "no"}
+
+
 def future_tolerance() -> str:
     """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
     return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)

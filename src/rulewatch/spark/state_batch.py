@@ -37,6 +37,8 @@ from pyspark.sql.streaming.stateful_processor import MapState
 from pyspark.serializers import pickle_protocol as _PROTOCOL
 from pyspark.sql.types import BinaryType, BooleanType, DoubleType, IntegerType, LongType, StringType, StructType
 
+from rulewatch.spark.settings import switched_off
+
 PIPELINE_ENV = "RULEWATCH_STATE_PIPELINE"
 
 Key = tuple[Any, ...]
@@ -70,7 +72,7 @@ _PROTO_FIELDS: dict[str, tuple[str, ...]] = {
 
 def pipeline_requested() -> bool:
     """Whether the environment allows the pipelined path (``RULEWATCH_STATE_PIPELINE=0`` forbids it)."""
-    return os.environ.get(PIPELINE_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+    return not switched_off(PIPELINE_ENV)
 
 
 class BatchedMap(Protocol):

@@ -38,7 +38,10 @@ def confs(remote: str | None) -> dict[str, str]:
     """The session settings that start workers through this module, for a session this process
     builds or a Connect server it starts (``remote`` "local..."): their workers share this
     environment. None if ``RULEWATCH_WORKER_DAEMON=off`` or the workers' Python cannot import it."""
-    if os.environ.get(SWITCH, "on").strip().lower() in {"0", "false", "off", "no"}:
+    # imported here, not at the top: the daemon itself must load none of rulewatch's modules
+    from rulewatch.spark.settings import switched_off
+
+    if switched_off(SWITCH):
         return {}
     if (remote and not remote.startswith("local")) or not workers_can_import():
         return {}
