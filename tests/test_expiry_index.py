@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rulewatch.engine.engine import KEY_SEPARATOR
+from rulewatch.engine.windows import MAX_SPAN_MS
 from rulewatch.spark.evaluator import expiry_buckets, settle_expiry
 
 KEYSETS = {"payeeId": 60_000, "userId": 900_000}
@@ -26,6 +27,40 @@ def test_every_key_is_indexed_once_at_or_after_its_expiry(expiry_ms, max_entries
     indexed = [(key, at) for at, keys in buckets.items() for key in keys]
     assert sorted(k for k, _ in indexed) == sorted(expiry_ms)
     assert all(at >= expiry_ms[key] for key, at in indexed)
+
+
+def _buckets_by_definition(expiry_ms: dict[str, int], steps: dict[str, int], max_entries: int) -> dict[int, set[str]]:
+    """Each key's expiry rounded up to its keyset's step (capped at MAX_SPAN_MS), one key at a time,
+    every step doubled while that gives more than ``max_entries`` times."""
+    factor = 1
+    while True:
+        buckets: dict[int, set[str]] = {}
+        for key, at in expiry_ms.items():
+            step = steps[key.split(KEY_SEPARATOR, 1)[0]] * factor
+            buckets.setdefault(min(-(-at // step) * step, MAX_SPAN_MS), set()).add(key)
+        if len(buckets) <= max_entries:
+            return buckets
+        factor *= 2
+
+
+times = st.one_of(
+    st.integers(-(2**61), 2**61),
+    st.integers(0, 48 * 3_600_000),
+    st.integers(MAX_SPAN_MS - 10**6, MAX_SPAN_MS),  # saturated expiries (a key that never expires)
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(st.tuples(st.sampled_from(["payeeId", "userId", "ip"]), st.text("ab", min_size=1, max_size=5)), times, max_size=80),
+    st.fixed_dictionaries({ks: st.one_of(st.integers(1, 10**7), st.integers(2**40, 2**62)) for ks in ("payeeId", "userId", "ip")}),
+    st.integers(2, 20),  # two entries always suffice (times round to 0 or MAX_SPAN_MS at the latest)
+)
+def test_the_index_is_the_rounding_by_definition(keyed, steps, max_entries):
+    # The index rounds whole arrays and tries coarser steps on rounded times; it must give exactly
+    # what rounding each key's expiry on its own gives, saturated times and huge steps included.
+    expiry_ms = {f"{ks}{KEY_SEPARATOR}{name}": at for (ks, name), at in keyed.items()}
+    assert expiry_buckets(expiry_ms, steps, max_entries) == _buckets_by_definition(expiry_ms, steps, max_entries)
 
 
 def test_a_narrow_batch_keeps_the_configured_steps():

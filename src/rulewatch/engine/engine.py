@@ -377,25 +377,29 @@ def _write_back(
         # Times are sorted within a key, so the rows it drops are a prefix: count them.
         dropped = (event_time < horizon[keys.group]).astype(np.int64)
         keep_from = keep_from + np.add.reduceat(dropped, bounds[:-1])
-    text_lists = {name: cols[name].tolist() for name in _TEXT_COLUMNS}
     gone = expires < next_watermark_ms
     writes: dict[str, bytes | None] = dict.fromkeys(np.asarray(keys.names, dtype=object)[gone].tolist())
     expiry: dict[str, int] = {}
+    # This loop runs once per touched key (a million keys: most keys, one row each), so what can be
+    # done once per batch is: whole columns as bytes sliced per key, positions as Python ints, and
+    # each row's texts as a ready list (a key with one row takes it as its whole text part).
+    arrays = [(cols[name].tobytes(), dtype.itemsize) for name, dtype in _ARRAY_COLUMNS]
+    texts = [cols[name].tolist() for name in _TEXT_COLUMNS]
+    row_texts = list(map(list, zip(*texts)))
+    starts, ends, expires_at, code = keep_from.tolist(), bounds[1:].tolist(), expires.tolist(), keys.code.tolist()
     for g in np.flatnonzero(~gone).tolist():
         key = keys.names[g]
-        a, b = int(keep_from[g]), int(bounds[g + 1])
+        a, b = starts[g], ends[g]
         memory = memories[g]
         if watermark_ms > 0 and memory:
-            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[keys.code[g]]))
+            memory = _prune_memory(memory, _horizon(watermark_ms, memory_span[code[g]]))
         if a == b and not memory:
             writes[key] = None
             continue
-        arrays = [cols[name][a:b].tobytes() for name, _ in _ARRAY_COLUMNS]
-        flat: list = []
-        for name in _TEXT_COLUMNS:
-            flat.extend(text_lists[name][a:b])
-        writes[key] = pickle.dumps((_FORMAT, b - a, arrays, flat, memory), protocol=5)
-        expiry[key] = int(expires[g])
+        flat = row_texts[a] if b - a == 1 else [value for column in texts for value in column[a:b]]
+        blocks = [column[a * size : b * size] for column, size in arrays]
+        writes[key] = pickle.dumps((_FORMAT, b - a, blocks, flat, memory), protocol=5)
+        expiry[key] = expires_at[g]
     return writes, expiry
 
 

@@ -80,15 +80,53 @@ def expiry_buckets(expiry_ms: dict[str, int], steps: dict[str, int], max_entries
     ``steps`` maps a keyset (the state key's prefix) to its rounding step. While that gives more
     than ``max_entries`` times, every step doubles: a key is then purged later, never earlier.
     """
+    return {at: keys for at, keys, _ in _expiry_groups(expiry_ms, steps.__getitem__, max_entries)}
+
+
+def _expiry_groups(
+    expiry_ms: dict[str, int], step_of: Callable[[str], int], max_entries: int = MAX_INDEX_ENTRIES
+) -> list[tuple[int, set[str], set[str]]]:
+    """``expiry_buckets``'s entries, each with the keysets of its keys.
+
+    A batch may touch a million keys, so keys are rounded as whole arrays, and coarser steps are
+    tried on the distinct rounded times only: rounding a time already rounded up to a step, up to a
+    multiple of that step, gives what rounding the expiry itself would."""
+    keys = list(expiry_ms)
+    if not keys:
+        return []
+    code, keyset_index = pd.factorize(np.array([key.partition(KEY_SEPARATOR)[0] for key in keys], dtype=object))
+    keysets: list[str] = keyset_index.tolist()
+    # A step beyond MAX_SPAN_MS rounds every expiry (at most MAX_SPAN_MS, key_expiries) as
+    # MAX_SPAN_MS does; so capped, a rounded time stays below 2**63. Saturated below, per time.
+    steps = [min(step_of(keyset), MAX_SPAN_MS) for keyset in keysets]
+    expiry = np.fromiter(expiry_ms.values(), dtype=np.int64, count=len(keys))
+    step = np.array(steps, dtype=np.int64)[code]
+    rounded = -(-expiry // step) * step
+    # Per keyset, its distinct rounded times and which of them each key has.
+    distinct: list[list[int]] = []
+    at = np.empty(len(keys), dtype=np.int64)
+    which = np.empty(len(keys), dtype=np.int64)
+    for c in range(len(keysets)):
+        mine = code == c
+        times, which[mine] = np.unique(rounded[mine], return_inverse=True)
+        distinct.append(times.tolist())
     factor = 1
     while True:
-        buckets: dict[int, set[str]] = {}
-        for key, at in expiry_ms.items():
-            step = steps[_keyset(key)] * factor
-            buckets.setdefault(min(-(-at // step) * step, MAX_SPAN_MS), set()).add(key)
-        if len(buckets) <= max_entries:
-            return buckets
+        coarse = [[min(-(-t // (s * factor)) * s * factor, MAX_SPAN_MS) for t in times] for s, times in zip(steps, distinct)]
+        if len({t for times in coarse for t in times}) <= max_entries:
+            break
         factor *= 2
+    for c, times in enumerate(coarse):
+        mine = code == c
+        at[mine] = np.array(times, dtype=np.int64)[which[mine]]
+    order = np.argsort(at, kind="stable")
+    at, code = at[order], code[order]
+    ordered = np.array(keys, dtype=object)[order]
+    bounds = np.flatnonzero(np.diff(at)) + 1
+    return [
+        (int(at[a]), set(ordered[a:z].tolist()), {keysets[c] for c in np.unique(code[a:z]).tolist()})
+        for a, z in zip([0, *bounds.tolist()], [*bounds.tolist(), len(keys)])
+    ]
 
 
 # First line of an expiry index entry: the span (retention or memory, whichever is longer) each
@@ -337,16 +375,14 @@ class ShardEvaluator:
         return False
 
     def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
-        # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
-        # number of index entries and timers per batch small; a key is purged at most that late.
-        steps: dict[str, int] = {}
-        for key in expiry_ms:
-            keyset = _keyset(key)
-            if keyset not in steps:
-                eighth = book.retention_ms(keyset) // 8
-                steps[keyset] = max(self.granularity, -(-eighth // self.granularity) * self.granularity)
-        for bucket, keys in expiry_buckets(expiry_ms, steps).items():
-            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in {_keyset(key) for key in keys}}
+        def step_of(keyset: str) -> int:
+            # Rounding up to 1/8 of the key's retention (at least the configured granularity) keeps the
+            # number of index entries and timers per batch small; a key is purged at most that late.
+            eighth = book.retention_ms(keyset) // 8
+            return max(self.granularity, -(-eighth // self.granularity) * self.granularity)
+
+        for bucket, keys, keysets in _expiry_groups(expiry_ms, step_of):
+            spans: dict[str, int] | None = {ks: _span(book, ks) for ks in keysets}
             existing = self.expiry.getValue((bucket,))
             if existing:
                 old_spans, old_keys = _read_entry(existing[0])
