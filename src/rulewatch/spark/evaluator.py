@@ -94,10 +94,10 @@ def _expiry_groups(
     keys = list(expiry_ms)
     if not keys:
         return []
-    code, keyset_index = pd.factorize(np.array([key.partition(KEY_SEPARATOR)[0] for key in keys], dtype=object))
+    code, keyset_index = pd.factorize(np.array([_keyset(key) for key in keys], dtype=object))
     keysets: list[str] = keyset_index.tolist()
-    # A step beyond MAX_SPAN_MS rounds every expiry (at most MAX_SPAN_MS, key_expiries) as
-    # MAX_SPAN_MS does; so capped, a rounded time stays below 2**63. Saturated below, per time.
+    # Expiries are at most MAX_SPAN_MS (key_expiries), and a step beyond it rounds them as MAX_SPAN_MS
+    # does; with steps capped so, a time rounded up stays below 2**63 (it saturates further down).
     steps = [min(step_of(keyset), MAX_SPAN_MS) for keyset in keysets]
     expiry = np.fromiter(expiry_ms.values(), dtype=np.int64, count=len(keys))
     step = np.array(steps, dtype=np.int64)[code]
