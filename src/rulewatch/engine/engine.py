@@ -381,11 +381,9 @@ def _write_back(
     writes: dict[str, bytes | None] = dict.fromkeys(np.asarray(keys.names, dtype=object)[gone].tolist())
     expiry: dict[str, int] = {}
     # This loop runs once per touched key (a million keys: most keys, one row each), so what can be
-    # done once per batch is: whole columns as bytes sliced per key, positions as Python ints, and
-    # each row's texts as a ready list (a key with one row takes it as its whole text part).
+    # done once per batch is: whole columns as bytes sliced per key, and positions as Python ints.
     arrays = [(cols[name].tobytes(), dtype.itemsize) for name, dtype in _ARRAY_COLUMNS]
     texts = [cols[name].tolist() for name in _TEXT_COLUMNS]
-    row_texts = list(map(list, zip(*texts)))
     starts, ends, expires_at, code = keep_from.tolist(), bounds[1:].tolist(), expires.tolist(), keys.code.tolist()
     for g in np.flatnonzero(~gone).tolist():
         key = keys.names[g]
@@ -396,7 +394,7 @@ def _write_back(
         if a == b and not memory:
             writes[key] = None
             continue
-        flat = row_texts[a] if b - a == 1 else [value for column in texts for value in column[a:b]]
+        flat = [column[a] for column in texts] if b - a == 1 else [value for column in texts for value in column[a:b]]
         blocks = [column[a * size : b * size] for column, size in arrays]
         writes[key] = pickle.dumps((_FORMAT, b - a, blocks, flat, memory), protocol=5)
         expiry[key] = expires_at[g]

@@ -102,23 +102,21 @@ def _expiry_groups(
     expiry = np.fromiter(expiry_ms.values(), dtype=np.int64, count=len(keys))
     step = np.array(steps, dtype=np.int64)[code]
     rounded = -(-expiry // step) * step
-    # Per keyset, its distinct rounded times and which of them each key has.
-    distinct: list[list[int]] = []
-    at = np.empty(len(keys), dtype=np.int64)
-    which = np.empty(len(keys), dtype=np.int64)
+    # Per keyset: which keys are its own, its distinct rounded times, and which of them each key has.
+    per_keyset = []
     for c in range(len(keysets)):
         mine = code == c
-        times, which[mine] = np.unique(rounded[mine], return_inverse=True)
-        distinct.append(times.tolist())
+        times, which = np.unique(rounded[mine], return_inverse=True)
+        per_keyset.append((mine, times.tolist(), which))
     factor = 1
     while True:
-        coarse = [[min(-(-t // (s * factor)) * s * factor, MAX_SPAN_MS) for t in times] for s, times in zip(steps, distinct)]
+        coarse = [[min(-(-t // (s * factor)) * s * factor, MAX_SPAN_MS) for t in times] for s, (_, times, _) in zip(steps, per_keyset)]
         if len({t for times in coarse for t in times}) <= max_entries:
             break
         factor *= 2
-    for c, times in enumerate(coarse):
-        mine = code == c
-        at[mine] = np.array(times, dtype=np.int64)[which[mine]]
+    at = np.empty(len(keys), dtype=np.int64)
+    for (mine, _, which), times in zip(per_keyset, coarse):
+        at[mine] = np.array(times, dtype=np.int64)[which]
     order = np.argsort(at, kind="stable")
     at, code = at[order], code[order]
     ordered = np.array(keys, dtype=object)[order]
