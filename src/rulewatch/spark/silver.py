@@ -77,11 +77,13 @@ def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
     """Text fields given as an object, array or boolean (numbers are fine as ids: 123 is "123").
 
     ``flat``: the line has no nested object or array (``_flat_object``)."""
-    # Only a line that could hold one, and then only text that could be one (from_json hands an
-    # object, array or boolean over as its JSON text), pays for the variant's type.
+    # Only text that could be one (from_json hands an object, array or boolean over as its JSON
+    # text), and then only in a line that could hold one, pays for the variant's type. The field's
+    # own test comes first: Spark's AND skips its right side when the left is false, and the line
+    # test scans the whole line twice (docs/benchmarks.md, "Silver's per-line tests in order").
     maybe = ~flat | F.col("value").contains("true") | F.col("value").contains("false")
     suspect = {
-        f: maybe & F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False))
+        f: F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False)) & maybe
         for f in TEXT_FIELDS
     }
     return [
@@ -225,6 +227,7 @@ def parse(bronze: DataFrame) -> DataFrame:
         "_flat": _flat_object(F.col("value")),
         "_amount_text": F.try_variant_get(F.col("v"), "$.paymentAmount", "string"),
         "_amount_kind": F.schema_of_variant(_variant("paymentAmount")),
+        "_id": F.trim(_text("transactionId")),
     })  # fmt: skip
     epoch = F.col("_epoch")
     parsed = parsed.withColumns({
@@ -237,8 +240,9 @@ def parse(bronze: DataFrame) -> DataFrame:
     event_time = F.col("_event_time")
     amount, amount_checks = _amount_checks(F.col("value"), F.col("_amount_text"), F.col("_amount_kind"), F.col("_amount_exact"))
     not_utf8 = F.col("value_bytes").isNotNull()
-    blank = F.trim(F.col("value")) == ""
     malformed = F.col("j").isNull() | _text("_corrupt_record").isNotNull()
+    # A blank line is never parsed into an object, so only a malformed line is trimmed to check.
+    blank = malformed & (F.trim(F.col("value")) == "")
     # Spark's reader keeps the last of two equal keys; the variant parser refuses them.
     duplicate_key = F.col("v").isNull()
     trailing = ~F.col("_flat") & ~_one_object(F.col("_skeleton"), F.col("v"))
@@ -250,7 +254,7 @@ def parse(bronze: DataFrame) -> DataFrame:
         (trailing, F.lit("trailing content after the JSON object (one object per line)")),
     ]
     checks: list[tuple[Column, Column]] = [
-        (F.coalesce(F.trim(_text("transactionId")), F.lit("")) == "", F.lit("missing transactionId")),
+        (F.coalesce(F.col("_id"), F.lit("")) == "", F.lit("missing transactionId")),
         *_event_time_checks(event_time_text, event_time, epoch),
         *amount_checks,
         (
@@ -268,7 +272,7 @@ def parse(bronze: DataFrame) -> DataFrame:
     parsed = parsed.withColumns({"_cause": cause, "_failed": failed})
     reasons = F.when(F.col("_cause").isNotNull(), F.array(F.col("_cause"))).otherwise(F.col("_failed"))
     typed = [
-        F.trim(_text("transactionId")).alias("transaction_id"),
+        F.col("_id").alias("transaction_id"),
         event_time.alias("event_time"),
         amount.alias("payment_amount"),
         *[_text(f).alias(c) for f, c in schema.FIELD_COLUMNS.items() if c not in ("transaction_id", "payment_amount")],
