@@ -183,20 +183,25 @@ def _event_time_checks(text: Column, event_time: Column, epoch: Column) -> list[
     ]
 
 
-def _amount_checks(value: Column, text: Column, kind: Column, exact: Column) -> tuple[Column, list[tuple[Column, Column]]]:
+def _amount_good(text: Column, kind: Column, exact: Column) -> Column:
+    """The common case in one regex: a plain decimal in cents, within range (see ``_amount_checks``)."""
+    return text.rlike(CENTS) & (kind != "DOUBLE") & exact.between(0, MAX_AMOUNT)
+
+
+def _amount_checks(value: Column, text: Column, kind: Column, exact: Column, good: Column) -> tuple[Column, list[tuple[Column, Column]]]:
     """The typed amount and its checks, from the variant's text of it so the digits are exactly as sent.
 
     (Spark's JSON reader hands a number over as a double's text: 10.000000000000000000001 becomes
-    "10.0" and would pass the cents check.) ``kind`` is the variant's type of the amount and
-    ``exact`` its text as decimal(38, 10).
+    "10.0" and would pass the cents check.) ``kind`` is the variant's type of the amount,
+    ``exact`` its text as decimal(38, 10) and ``good`` ``_amount_good`` of them, a column of its own:
+    the checks and the typed amount both read it, and inlined it was evaluated for each.
     """
     # A number the variant holds as a double was written with an exponent or too many digits:
     # show it as sent, not as the double.
     sent = F.when(kind == "DOUBLE", F.regexp_extract(value, r'"paymentAmount"\s*:\s*([-+0-9.eE]+)', 1)).otherwise(text)
     plain = text.rlike(PLAIN_DECIMAL) & (kind != "DOUBLE")
     numeric = text.try_cast("double").isNotNull()
-    # The common case in one regex; each reason's own test runs only for an amount that fails it.
-    good = text.rlike(CENTS) & (kind != "DOUBLE") & exact.between(0, MAX_AMOUNT)
+    # Each reason's own test runs only for an amount that is not good.
     bad = text.isNotNull() & ~good
     checks = [
         (
@@ -237,8 +242,10 @@ def parse(bronze: DataFrame) -> DataFrame:
         "_amount_exact": F.col("_amount_text").try_cast("decimal(38, 10)"),
         "_skeleton": F.when(~F.col("_flat"), F.trim(_skeleton(F.col("value")), F.lit(WHITESPACE))),
     })  # fmt: skip
+    amount_text, kind, exact = F.col("_amount_text"), F.col("_amount_kind"), F.col("_amount_exact")
+    parsed = parsed.withColumn("_amount_good", _amount_good(amount_text, kind, exact))
     event_time = F.col("_event_time")
-    amount, amount_checks = _amount_checks(F.col("value"), F.col("_amount_text"), F.col("_amount_kind"), F.col("_amount_exact"))
+    amount, amount_checks = _amount_checks(F.col("value"), amount_text, kind, exact, F.col("_amount_good"))
     not_utf8 = F.col("value_bytes").isNotNull()
     malformed = F.col("j").isNull() | _text("_corrupt_record").isNotNull()
     # A blank line is never parsed into an object, so only a malformed line is trimmed to check.
