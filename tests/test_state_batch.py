@@ -31,7 +31,7 @@ from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcesso
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from rulewatch.spark import schema, state_batch
-from rulewatch.spark.evaluator import HistoryStore
+from rulewatch.spark.history import history_store
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
@@ -213,12 +213,17 @@ def test_a_key_that_cannot_be_serialised_fails_before_anything_is_sent():
     assert run_with_deadline(lambda: batched.get_many([("ok",)])) == [(b"x",)]
 
 
-@pytest.mark.parametrize("slots", [0, 4])
-def test_history_store_state_and_counts_are_the_same_on_both_paths(slots):
+# Entries each layout writes in the test below: one per key; two slots each flush; the 400 keys as
+# one generation, then the half left moved with the new key into the next (and each flush's record).
+ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 2 + 2}
+
+
+@pytest.mark.parametrize("layout", list(ROWS_WRITTEN))
+def test_history_store_state_and_counts_are_the_same_on_both_paths(layout):
     outcomes = []
     for pipeline in (False, True):
         server = StandInServer()
-        store = HistoryStore(map_state(server), slots, pipeline)
+        store = history_store(map_state(server), layout, pipeline)
         assert store.state.pipelined is pipeline
         first = {f"ks\x1fg{i}": f"blob{i}".encode() * 50 for i in range(400)}
         store.put_many(first)
@@ -231,7 +236,45 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(slots):
     read, after, _, rows, _ = outcomes[0]
     assert read["ks\x1fg3"] == b"blob3" * 50 and read["ks\x1fmissing"] is None
     assert after["ks\x1fg0"] is None and after["ks\x1fg1"] == b"blob1" * 50 and after["ks\x1fnew"] == b"new"
-    assert rows == (400 + 1 if not slots else 2 * slots)
+    assert rows == ROWS_WRITTEN[layout]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(
+    st.lists(st.integers(0, 30), max_size=12),                                  # keys read first
+    st.dictionaries(st.integers(0, 30), st.one_of(st.none(), st.binary(min_size=1, max_size=8)), max_size=12),
+    st.booleans(),                                                               # a new store (another batch) first
+), min_size=1, max_size=15))
+def test_the_batch_layout_reads_what_was_written_and_keeps_no_dead_entry(calls):
+    server = StandInServer()
+    state = map_state(server)  # the stand-in serves one connection
+    model: dict[str, bytes] = {}
+    store = history_store(state, "batch", True)
+    store.open(fresh=True)
+    for reads, writes, reopen in calls:
+        if reopen:
+            store = history_store(state, "batch", True)
+            store.open(fresh=False)
+        keys = [f"ks\x1fk{k}" for k in reads]
+        assert store.get_many(keys) == {key: model.get(key) for key in keys}
+        blobs = {f"ks\x1fk{k}": v for k, v in writes.items()}
+        store.put_many(blobs)
+        store.flush()
+        model = {k: v for k, v in {**model, **blobs}.items() if v is not None}
+        stored = {key[0]: value[0] for key, value in server.contents("history").items()}
+        names, places, sizes, _ = pickle.loads(stored.pop("#where")) if "#where" in stored else ([], [], {}, 1)
+        where = dict(zip(names, places))
+        assert where.keys() == model.keys()
+        # Every entry is a key of its own or a generation some key still lives in, and holds its blob.
+        gens = {f"#gen{g}": pickle.loads(blob) for g, blob in ((int(k[4:]), b) for k, b in stored.items() if k.startswith("#gen"))}
+        assert set(gens) == {f"#gen{g}" for g in set(places) - {0}} == {f"#gen{g}" for g in sizes}
+        assert {k for k in stored if not k.startswith("#gen")} == {key for key, place in where.items() if place == 0}
+        for key, place in where.items():
+            assert (stored[key] if place == 0 else gens[f"#gen{place}"][key]) == model[key]
+    reopened = history_store(state, "batch", False)
+    reopened.open(fresh=False)
+    every = [f"ks\x1fk{k}" for k in range(31)]
+    assert reopened.get_many(every) == {key: model.get(key) for key in every}
 
 
 def test_the_environment_switch_forces_the_public_path(monkeypatch):
@@ -377,7 +420,7 @@ def _gold_outputs(spark, lakehouse: Lakehouse) -> dict[str, list]:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("slots", [0, 8])
+@pytest.mark.parametrize("slots", [0, 8])  # 0: the batch layout
 def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switched(spark, tmp_path, monkeypatch, slots):
     """Two lakehouses take the same micro-batches: one always pipelined, the other restarted from
     its checkpoint with the path switched every run (public, pipelined, public, pipelined), so
@@ -400,6 +443,9 @@ def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switc
     assert final["alerts"] and final["late_events"] and final["state:history"] and final["state:true"]
     # The timers purged the first batches' keys: only the last two batches' payees are left.
     assert len(final["state:history"]) < (100 if not slots else 2 * slots + 1)
+    if not slots:  # new shards take the batch layout; the first batches wrote generations
+        assert final["state:layout"] and all("'batch'" in entry for entry in final["state:layout"])
+        assert any("'#where'" in entry for entry in final["state:history"])
 
 
 # ---- request bytes: the shortcuts give exactly pyspark's bytes, or are not taken -------------------

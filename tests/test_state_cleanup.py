@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 
+from rulewatch.engine.engine import KEY_SEPARATOR
 from rulewatch.spark import schema
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
@@ -35,22 +37,36 @@ def _state_rows(spark, lakehouse: Lakehouse) -> tuple[int, int]:
     return operators[-1]["numRowsTotal"], sum(op["numRowsRemoved"] for op in operators)
 
 
+def _group_keys(spark, lakehouse: Lakehouse) -> set[str]:
+    """The group keys whose history the shards hold: entries of their own, and those a shard's
+    record (history.py) places in a generation."""
+    entries = spark.read.format("statestore").option("stateVarName", "history").load(lakehouse.checkpoint("gold"))
+    keys: set[str] = set()
+    for row in entries.collect():
+        name, blob = row["user_map_key"]["key"], row["user_map_value"]["blob"]
+        if name == "#where":
+            keys |= set(pickle.loads(blob)[0])
+        elif not name.startswith("#"):
+            keys.add(name)
+    return {key.split(KEY_SEPARATOR)[-1] for key in keys}
+
+
 @pytest.mark.spark
 def test_idle_keys_are_purged_and_active_keys_kept(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)
     apply_rules(spark, lakehouse, [parse_rule(RULE)])
     _land(spark, lakehouse, [(f"a{i}", 0, f"k{i}") for i in range(100)])
-    filled, _ = _state_rows(spark, lakehouse)
-    assert filled >= 100  # one history entry per key, plus rules and expiry index
+    _state_rows(spark, lakehouse)
+    assert _group_keys(spark, lakehouse) == {f"k{i}" for i in range(100)}
     # Three hours later one other key is active: with a 1 h window and 1 h lateness the 100 old
     # keys hold nothing any event can still need, so their timers delete them.
     _land(spark, lakehouse, [("z1", 180, "z")])
     _, removed_first = _state_rows(spark, lakehouse)
     _land(spark, lakehouse, [("z2", 181, "z")])
     remaining, removed_then = _state_rows(spark, lakehouse)
-    assert removed_first + removed_then >= 100
-    assert remaining < 10
+    assert removed_first + removed_then > 0 and remaining < 10
+    assert _group_keys(spark, lakehouse) == {"z"}
 
 
 @pytest.mark.spark
@@ -81,8 +97,9 @@ def test_a_batch_settling_many_index_entries_purges_idle_keys_and_keeps_a_key_to
     # Three hours of keys in one batch: their expiries (an hour after each event) are indexed under
     # 16-minute steps, 64 to 240 minutes; k59's (minute 177) under 240.
     _land(spark, lakehouse, [(f"a{i}", 3 * i, f"k{i}") for i in range(60)])
-    filled, _ = _state_rows(spark, lakehouse)
-    assert filled >= 60
+    _state_rows(spark, lakehouse)
+    # Stored: at least every key whose hour outlasts the next watermark (minute 177 - 1 h lateness).
+    assert {f"k{i}" for i in range(20, 60)} <= _group_keys(spark, lakehouse)
     _land(spark, lakehouse, [("b", 200, "k59")])  # k59 indexed again, under 264
     _state_rows(spark, lakehouse)
     _land(spark, lakehouse, [("z1", 310, "z")])
@@ -91,8 +108,8 @@ def test_a_batch_settling_many_index_entries_purges_idle_keys_and_keeps_a_key_to
     # last of them k59's, under 240) at once, but not k59's newer one: k59 must not be purged by its old entry.
     _land(spark, lakehouse, [("z2", 311, "z")])
     remaining, removed_now = _state_rows(spark, lakehouse)
-    assert removed_before + removed_now >= 59  # every k but k59
-    assert remaining < 15
+    assert removed_before + removed_now > 0 and remaining < 15
+    assert _group_keys(spark, lakehouse) == {"k59", "z"}  # every k but k59 purged
     _land(spark, lakehouse, [("c", 255, "k59")])  # within the hour of b, not behind the watermark (251)
     _state_rows(spark, lakehouse)
     alerts = {(a.transaction_id, a.group_key) for a in spark.read.format("delta").load(lakehouse.alerts).collect()}

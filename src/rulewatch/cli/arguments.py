@@ -103,7 +103,7 @@ def shards(text: str) -> int:
 
 
 def state_slots(text: str) -> int:
-    """``--state-slots``: a state layout GoldSettings accepts (0: one entry per key)."""
+    """``--state-slots``: a state layout GoldSettings accepts (0: the batch layout)."""
     value = _whole(text, "state_slots", 64)
     _gold_setting("state_slots", value)
     return value

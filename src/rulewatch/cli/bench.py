@@ -87,7 +87,7 @@ def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
 
 
 def layout_name(state_slots: int) -> str:
-    return "per-key state" if not state_slots else f"{state_slots} slots/shard"
+    return "batch layout" if not state_slots else f"{state_slots} slots/shard"
 
 
 def _measure(

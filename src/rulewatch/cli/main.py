@@ -151,8 +151,8 @@ def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 STATE_SLOTS_HELP = (
-    "evaluator state layout, fixed per checkpoint: 0 (default) one entry per key; N hashes the keys of a shard "
-    "into N entries, faster when most keys are touched every batch (docs/benchmarks.md)"
+    "evaluator state layout, fixed per checkpoint: 0 (default) a batch's keys in one entry when it writes many, "
+    "else one entry per key; N hashes the keys of a shard into N entries (docs/benchmarks.md)"
 )
 
 
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-events", type=arguments.count("batch events", 50_000), default=50_000)
     bench.add_argument("--shards", type=arguments.shards, default=16)
     bench.add_argument("--limit", type=arguments.count("limit", 12_500), default=12_500, help="the SUM rule's limit (lower: more events alert)")
-    bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", help="evaluator state layouts to measure (0 = per key; default: 0 16); with --pipeline, the job's one layout (default 0)")
+    bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", help="evaluator state layouts to measure (0 = the batch layout; default: 0 16); with --pipeline, the job's one layout (default 0)")
     bench.add_argument("--scale-curve", type=arguments.count("events per key", 1000), nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")
     bench.add_argument("--pipeline", action="store_true", help="instead: the whole job per layer on generated landing files (issue #14's shape)")
     bench.add_argument("--rule-propagation", type=arguments.count("trials", 5), metavar="TRIALS", help="instead: time rule changes reaching a running stream")

@@ -7,8 +7,8 @@ milliseconds, so each call evaluates all keys of a shard at once with numpy (doc
 State per shard:
 - ``rules``   (ValueState): the rule book, built from the rules table's change feed (the rules
   stream is broadcast to every shard, like Flink's broadcast state).
-- ``history`` (MapState state key -> blob): retained events + per-rule memory of one key. Only the
-  keys a batch touches are read and written, so write cost follows the keys touched.
+- ``history`` (MapState): each state key's retained events + per-rule memory, in the shard's layout
+  (history.py). Only the keys a batch touches are read and written.
 - ``expiry``  (MapState time -> keys): which keys may become empty at an event time, with one
   event-time timer per rounded time, so idle keys are purged without scanning the shard.
 """
@@ -16,20 +16,18 @@ State per shard:
 from __future__ import annotations
 
 import json
-import pickle
-import zlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, MapState, TimerValues
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from rulewatch.spark.commands import CLEAR_STATE
 from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, arrow_column, decode_history, evaluate_batch, key_expiry, newest_time
+from rulewatch.spark.history import HistoryStore, history_store, layout_name
 from rulewatch.spark.packing import PACKED_COLUMN, unpack
 from rulewatch.spark.schema import RULE_FIELDS
-from rulewatch.spark.state_batch import batched_map
 from rulewatch.engine.windows import MAX_SPAN_MS
 
 if TYPE_CHECKING:
@@ -187,115 +185,6 @@ def settle_expiry(
     return due, unread, read
 
 
-# The per-key layout's record of which keys a shard stores, kept under a history key no state key
-# can take (state keys start with a keyset, which never starts with "#").
-_MEMBERS = "#members"
-
-
-class HistoryStore:
-    """State key -> history blob over one MapState, in one of two layouts.
-
-    ``slots == 0``: one entry per key, so a batch reads and writes exactly the keys it touches.
-    It also keeps the shard's set of stored keys in one entry, so a key never seen (or already
-    purged) costs no read and deleting it no call: with many keys, most keys a batch touches are
-    new. Shards whose state predates that entry read every key, as before.
-    ``slots > 0``: keys hashed into that many entries per shard, so a batch pays one state round
-    trip per touched slot instead of per key, but rewrites every key sharing a touched slot. That
-    wins when most keys are touched every batch and loses when few of many keys are
-    (docs/benchmarks.md). The layout is fixed per checkpoint.
-
-    Reads and writes go by the batch (state_batch.py): pipelined on the state socket when
-    ``pipeline`` is set and pyspark's internals allow it, one round trip per entry otherwise.
-    Call ``open`` at the start of every handler call (state is per shard) and ``flush`` at its end.
-    """
-
-    def __init__(self, state: MapState, slots: int, pipeline: bool) -> None:
-        self.state = batched_map(state, pipeline)
-        self.slots = slots
-        self._loaded: dict[str, dict[str, bytes]] = {}
-        self._dirty: set[str] = set()
-        self._members: set[str] | None = None
-        self._members_changed = False
-        self.rows_written = 0
-        self.bytes_written = 0
-
-    def open(self, fresh: bool) -> None:
-        """Start a handler call; ``fresh``: this shard has stored nothing yet."""
-        self._members, self._members_changed = None, False
-        if self.slots:
-            return
-        if fresh:
-            self._members, self._members_changed = set(), True
-            return
-        (stored,) = self.state.get_many([(_MEMBERS,)])
-        if stored is not None:
-            self._members = set(pickle.loads(stored[0]))
-
-    def _slot(self, key: str) -> str:
-        return f"#slot{zlib.crc32(key.encode()) % self.slots}"
-
-    def _load_slots(self, slots: Iterable[str]) -> None:
-        missing = [slot for slot in dict.fromkeys(slots) if slot not in self._loaded]
-        for slot, stored in zip(missing, self.state.get_many([(slot,) for slot in missing])):
-            self._loaded[slot] = pickle.loads(stored[0]) if stored else {}
-
-    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        """Each key's blob (None: nothing stored)."""
-        if not self.slots:
-            wanted = list(dict.fromkeys(keys))
-            members = self._members
-            found: dict[str, bytes | None] = dict.fromkeys(wanted)
-            stored_keys = wanted if members is None else [key for key in wanted if key in members]
-            stored = self.state.get_many([(key,) for key in stored_keys])
-            found.update((key, value[0] if value else None) for key, value in zip(stored_keys, stored))
-            return found
-        slot_of = {key: self._slot(key) for key in keys}
-        self._load_slots(slot_of.values())
-        return {key: self._loaded[slot].get(key) for key, slot in slot_of.items()}
-
-    def put_many(self, blobs: Mapping[str, bytes | None]) -> None:
-        """Store each key's blob; None deletes the key."""
-        if not self.slots:
-            members = self._members
-            if members is not None:
-                blobs = {key: blob for key, blob in blobs.items() if blob is not None or key in members}
-                for key, blob in blobs.items():
-                    if blob is None:
-                        members.discard(key)
-                    else:
-                        members.add(key)
-                self._members_changed |= bool(blobs)
-            self._write(list(blobs.items()))
-            return
-        slot_of = {key: self._slot(key) for key in blobs}
-        self._load_slots(slot_of.values())
-        for key, blob in blobs.items():
-            entries = self._loaded[slot_of[key]]
-            if blob is None:
-                entries.pop(key, None)
-            else:
-                entries[key] = blob
-            self._dirty.add(slot_of[key])
-
-    def flush(self) -> None:
-        entries = {slot: self._loaded[slot] for slot in self._dirty}
-        writes = [(slot, pickle.dumps(e, protocol=5) if e else None) for slot, e in entries.items()]
-        if self._members is not None and self._members_changed:
-            # Sorted: the same keys give the same bytes whatever the worker's string hash seed.
-            writes.append((_MEMBERS, pickle.dumps(sorted(self._members), protocol=5)))
-        self._write(writes)
-        self._loaded.clear()
-        self._dirty.clear()
-        self._members_changed = False
-
-    def _write(self, blobs: list[tuple[str, bytes | None]]) -> None:
-        self.state.write_many([((key,), None if blob is None else (blob,)) for key, blob in blobs])
-        for _, blob in blobs:
-            if blob is not None:
-                self.rows_written += 1
-                self.bytes_written += len(blob)
-
-
 class ShardEvaluator:
     """One shard's work for ``processor.RuleProcessor``: rule changes, commands, events and cleanup timers."""
 
@@ -306,7 +195,8 @@ class ShardEvaluator:
         self.lateness_ms = processor.lateness_ms
         self.rules = processor.rules
         self.history_map = processor.history_map
-        self.history = HistoryStore(self.history_map, self.state_slots, processor.state_pipeline)
+        self.pipeline = processor.state_pipeline
+        self._stores: dict[str, HistoryStore] = {}
         self.layout = processor.layout
         self.expiry = processor.expiry
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
@@ -357,20 +247,28 @@ class ShardEvaluator:
         self.rules.update((text,))
         self._book_cache = (text, book)
 
-    def _check_layout(self) -> bool:
-        """Whether this shard is new (nothing stored yet); raises if its layout is not this one's."""
-        wanted = f"slots={self.state_slots}"
+    def _open_history(self) -> HistoryStore:
+        """This shard's history store, opened for a call; raises if the shard's layout is not this run's."""
         stored = self.layout.get()
+        fresh = False
         if stored is None:
-            self.layout.update((wanted,))
-            # Checkpoints from before the layout was recorded hold history without it.
-            return not self.history_map.exists()
-        if stored[0] != wanted:
-            raise ValueError(
-                f"this checkpoint's evaluator state was written with {stored[0]}, not {wanted}; "
-                "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
-            )
-        return False
+            fresh = not self.history_map.exists()
+            # Checkpoints from before the layout was recorded hold history without it, written as state_slots said.
+            layout = layout_name(self.state_slots) if fresh else f"slots={self.state_slots}"
+            self.layout.update((layout,))
+        else:
+            layout = stored[0]
+            # A shard that began one entry per key keeps it when state_slots is still 0.
+            if layout != layout_name(self.state_slots) and not (layout == "slots=0" and not self.state_slots):
+                raise ValueError(
+                    f"this checkpoint's evaluator state was written with {layout}, not {layout_name(self.state_slots)}; "
+                    "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
+                )
+        if layout not in self._stores:
+            self._stores[layout] = history_store(self.history_map, layout, self.pipeline)
+        history = self._stores[layout]
+        history.open(fresh)
+        return history
 
     def _index_expiry(self, expiry_ms: dict[str, int], book: RuleBook) -> None:
         def step_of(keyset: str) -> int:
@@ -402,28 +300,28 @@ class ShardEvaluator:
         packed = batch[PACKED_COLUMN].dropna()
         if not packed.empty:
             events = unpack(packed)
-            self.history.open(fresh=self._check_layout())
+            history = self._open_history()
             book = self._book()
             watermark = timerValues.getCurrentWatermarkInMs()
             next_watermark = 0
             if self.lateness_ms is not None:
                 next_watermark = max(watermark, int(events["eventTime"].max()) - self.lateness_ms, 0)
-            result = evaluate_batch(events, book, self.history.get_many, watermark, next_watermark)
-            self.history.rows_written = self.history.bytes_written = 0
-            self.history.put_many(result.writes)
-            self.history.flush()
+            result = evaluate_batch(events, book, history.get_many, watermark, next_watermark)
+            history.rows_written = history.bytes_written = 0
+            history.put_many(result.writes)
+            history.flush()
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
-            out.append(self._stats(len(events), len(result.writes), book))
+            out.append(self._stats(len(events), len(result.writes), book, history))
             yield from (_complete(frame) for frame in result.metrics)
         if out:
             yield _frame(out)
 
-    def _stats(self, events: int, keys_touched: int, book: RuleBook) -> dict:
+    def _stats(self, events: int, keys_touched: int, book: RuleBook, history: HistoryStore) -> dict:
         """What this call did, summed over shards into gold/pipeline_metrics."""
         return {
             "kind": "stats", "event_count": events, "keys_touched": keys_touched,
-            "state_rows": self.history.rows_written, "state_bytes": self.history.bytes_written,
+            "state_rows": history.rows_written, "state_bytes": history.bytes_written,
             "active_rules": sum(len(rules) for rules in book.active_by_keyset().values()),
             "rule_version": max((version for _, version in book.rules.values()), default=None),
         }  # fmt: skip
@@ -441,10 +339,10 @@ class ShardEvaluator:
         due, unread, keys = settle_expiry(entries, at, watermark, lambda keyset: _span(book, keyset))
         for time in due:
             self.expiry.removeKey((time,))
-        self.history.open(fresh=False)
+        history = self._open_history()
         purged: dict[str, bytes | None] = dict.fromkeys(unread)
         still_alive: dict[str, int] = {}
-        for state_key, blob in self.history.get_many(keys).items():
+        for state_key, blob in history.get_many(keys).items():
             if blob is None:
                 continue
             cols, memory = decode_history(blob)
@@ -456,7 +354,7 @@ class ShardEvaluator:
             else:
                 # A wider rule arrived since it was indexed, or its entry predates recorded spans.
                 still_alive[state_key] = expires
-        self.history.put_many(purged)
-        self.history.flush()
+        history.put_many(purged)
+        history.flush()
         self._index_expiry(still_alive, book)
         yield from ()

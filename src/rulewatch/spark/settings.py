@@ -36,7 +36,7 @@ class GoldSettings:
     allowed_lateness: str = "1h"
     cleanup_granularity: str = "1m"
     max_files_per_trigger: int | None = None  # silver files per micro-batch (None: all available)
-    state_slots: int = 0  # 0: one state entry per key; N: keys hashed into N entries per shard
+    state_slots: int = 0  # 0: the batch layout (history.py); N: keys hashed into N entries per shard
     alerts_topic: KafkaTopic | None = None  # also publish alerts here (at least once; kafka/alerts.py)
     # Gold runs in event-time mode: with Spark's no-data batches on, every batch that moves the watermark
     # is followed by an empty one that only fires the cleanup timers (they emit nothing). Live, the next
