@@ -213,9 +213,10 @@ def test_a_key_that_cannot_be_serialised_fails_before_anything_is_sent():
     assert run_with_deadline(lambda: batched.get_many([("ok",)])) == [(b"x",)]
 
 
-# Entries each layout writes in the test below: one per key; two slots each flush; the 400 keys as
-# one generation, then the half left moved with the new key into the next (and each flush's record).
-ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 2 + 2}
+# Entries each layout writes in the test below: one per key; two slots each flush; batch: the 400 keys
+# one entry each (nothing stored was read), then the new key as a generation, since the call read every
+# stored key (and each flush's record).
+ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 400 + 1 + 1 + 1}
 
 
 @pytest.mark.parametrize("layout", list(ROWS_WRITTEN))

@@ -3,9 +3,9 @@
 Three layouts, recorded per shard in state (evaluator.ShardEvaluator._check_layout) and fixed for
 it; ``history_store`` builds the one a record names:
 
-- ``batch`` (new shards with ``state_slots = 0``): a handler call that writes many keys, or many
-  of the keys its shard stores, writes them all as one entry (a generation); a call that writes
-  few writes one entry per key. A one-entry-per-key batch pays one state call per written key
+- ``batch`` (new shards with ``state_slots = 0``): a handler call that writes many keys, or reads
+  many of the keys its shard stores, writes them all as one entry (a generation); other calls
+  write one entry per key. A one-entry-per-key batch pays one state call per written key
   (~25-35 µs each, pipelined), which is most of a big batch's state time (docs/benchmarks.md).
 - ``slots=0`` (shards from before ``batch``): one entry per key.
 - ``slots=N``: keys hashed into N entries per shard, every key sharing a touched entry rewritten.
@@ -33,9 +33,10 @@ _GEN = "#gen"
 
 BATCH = "batch"
 
-# A call writes a generation when it writes at least this many keys, or at least a quarter of the
-# keys its shard then stores; fewer go one entry per key. A generation is read whole for any of its
-# keys, so a small batch over many stored keys (live mode) keeps entries per key.
+# A call writes a generation when it writes at least this many keys, or when the stored keys it read
+# are at least a quarter of its shard's (the next calls are then likely to read most of a generation
+# too); otherwise one entry per key. A generation is read whole for any of its keys, so a live batch
+# over few of many stored keys, or over keys that come and go, keeps entries per key.
 GENERATION_KEYS = 4096
 GENERATION_SHARE = 4
 
@@ -184,10 +185,11 @@ class BatchStore(HistoryStore):
         self._next = 1
         self._loaded: dict[int, dict[str, bytes]] = {}
         self._pending: dict[str, bytes | None] = {}
+        self._found: set[str] = set()
 
     def open(self, fresh: bool) -> None:
         self._where, self._sizes, self._next = {}, {}, 1
-        self._loaded, self._pending = {}, {}
+        self._loaded, self._pending, self._found = {}, {}, set()
         if not fresh:
             (stored,) = self._read([_WHERE])
             if stored is not None:
@@ -197,6 +199,7 @@ class BatchStore(HistoryStore):
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         wanted = list(dict.fromkeys(keys))
         where = self._where
+        self._found.update(key for key in wanted if key in where)
         own = [key for key in wanted if where.get(key) == 0]
         gens = [gen for gen in dict.fromkeys(where[key] for key in wanted if where.get(key)) if gen not in self._loaded]
         for gen, stored in zip(gens, self._read([f"{_GEN}{gen}" for gen in gens])):
@@ -222,8 +225,7 @@ class BatchStore(HistoryStore):
                 pending.update(moved)
                 live[gen] -= len(moved)
         written = {key: blob for key, blob in pending.items() if blob is not None}
-        stored_after = len(where) + sum(key not in where for key in written) - (len(pending) - len(written))
-        as_generation = len(written) >= GENERATION_KEYS or len(written) * GENERATION_SHARE >= stored_after
+        as_generation = len(written) >= GENERATION_KEYS or 0 < len(where) <= len(self._found) * GENERATION_SHARE
         place = self._next if as_generation and written else 0
         writes: list[tuple[str, bytes | None]] = []
         for key, blob in pending.items():
@@ -247,4 +249,4 @@ class BatchStore(HistoryStore):
             keys = sorted(where)
             writes.append((_WHERE, pickle.dumps((keys, [where[key] for key in keys], self._sizes, self._next), protocol=5)))
         self._write(writes)
-        self._loaded, self._pending = {}, {}
+        self._loaded, self._pending, self._found = {}, {}, set()
