@@ -31,7 +31,7 @@ from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcesso
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from rulewatch.spark import schema, state_batch
-from rulewatch.spark.history import history_store
+from rulewatch.spark.history import check_layout, history_store, unrecorded_layout
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
@@ -276,6 +276,39 @@ def test_the_batch_layout_reads_what_was_written_and_keeps_no_dead_entry(calls):
     reopened.open(fresh=False)
     every = [f"ks\x1fk{k}" for k in range(31)]
     assert reopened.get_many(every) == {key: model.get(key) for key in every}
+
+
+def test_a_shard_keeps_the_layout_it_began_with():
+    assert unrecorded_layout(0, fresh=True) == "batch" and unrecorded_layout(16, fresh=True) == "slots=16"
+    # State from before the record was written as state_slots said: 0 was one entry per key.
+    assert unrecorded_layout(0, fresh=False) == "slots=0" and unrecorded_layout(16, fresh=False) == "slots=16"
+    for recorded, state_slots in [("batch", 0), ("slots=0", 0), ("slots=16", 16)]:
+        check_layout(recorded, state_slots)
+    for recorded, state_slots in [("batch", 16), ("slots=0", 16), ("slots=16", 0), ("slots=16", 8)]:
+        with pytest.raises(ValueError, match=f"written with {recorded}.*keep the state_slots setting"):
+            check_layout(recorded, state_slots)
+
+
+def test_a_shard_from_before_the_batch_layout_skips_keys_it_never_stored():
+    server = StandInServer()
+    state = map_state(server)
+    old = history_store(state, "slots=0", True)
+    old.open(fresh=False)  # a shard recorded before #members existed: every key is read
+    old.put_many({"ks\x1fa": b"a"})
+    old.flush()
+    assert "#members" not in {key[0] for key in server.contents("history")}
+    reopened = history_store(state, "slots=0", True)
+    reopened.open(fresh=False)
+    assert reopened.get_many(["ks\x1fa", "ks\x1fb"]) == {"ks\x1fa": b"a", "ks\x1fb": None}
+    state.updateValue(("#members",), (pickle.dumps(["ks\x1fa"]),))
+    counted = history_store(state, "slots=0", True)
+    counted.open(fresh=False)
+    before = server.answered
+    assert counted.get_many(["ks\x1fa", "ks\x1fb"]) == {"ks\x1fa": b"a", "ks\x1fb": None}
+    assert server.answered - before == 1  # b is not a member: not read
+    counted.put_many({"ks\x1fb": b"b", "ks\x1fa": None})
+    counted.flush()
+    assert pickle.loads(server.contents("history")[("#members",)][0]) == ["ks\x1fb"]
 
 
 def test_the_environment_switch_forces_the_public_path(monkeypatch):

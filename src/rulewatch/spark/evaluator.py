@@ -25,7 +25,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 
 from rulewatch.spark.commands import CLEAR_STATE
 from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, arrow_column, decode_history, evaluate_batch, key_expiry, newest_time
-from rulewatch.spark.history import HistoryStore, history_store, layout_name
+from rulewatch.spark.history import HistoryStore, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.packing import PACKED_COLUMN, unpack
 from rulewatch.spark.schema import RULE_FIELDS
 from rulewatch.engine.windows import MAX_SPAN_MS
@@ -253,17 +253,11 @@ class ShardEvaluator:
         fresh = False
         if stored is None:
             fresh = not self.history_map.exists()
-            # Checkpoints from before the layout was recorded hold history without it, written as state_slots said.
-            layout = layout_name(self.state_slots) if fresh else f"slots={self.state_slots}"
+            layout = unrecorded_layout(self.state_slots, fresh)
             self.layout.update((layout,))
         else:
             layout = stored[0]
-            # A shard that began one entry per key keeps it when state_slots is still 0.
-            if layout != layout_name(self.state_slots) and not (layout == "slots=0" and not self.state_slots):
-                raise ValueError(
-                    f"this checkpoint's evaluator state was written with {layout}, not {layout_name(self.state_slots)}; "
-                    "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
-                )
+            check_layout(layout, self.state_slots)
         if layout not in self._stores:
             self._stores[layout] = history_store(self.history_map, layout, self.pipeline)
         history = self._stores[layout]

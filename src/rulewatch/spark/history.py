@@ -1,6 +1,6 @@
 """Where a shard keeps its keys' histories: state key -> history blob over one MapState.
 
-Three layouts, recorded per shard in state (evaluator.ShardEvaluator._check_layout) and fixed for
+Three layouts, recorded per shard in state (evaluator.ShardEvaluator._open_history) and fixed for
 it; ``history_store`` builds the one a record names:
 
 - ``batch`` (new shards with ``state_slots = 0``): a handler call that writes many keys, or reads
@@ -41,9 +41,26 @@ GENERATION_KEYS = 4096
 GENERATION_SHARE = 4
 
 
-def layout_name(state_slots: int) -> str:
+def new_shard_layout(state_slots: int) -> str:
     """The layout a new shard records for the ``state_slots`` setting."""
     return BATCH if not state_slots else f"slots={state_slots}"
+
+
+def unrecorded_layout(state_slots: int, fresh: bool) -> str:
+    """The layout of a shard with no record: a new one's, or, for a shard whose state predates the
+    record, the one ``state_slots`` gave then (0: one entry per key)."""
+    return new_shard_layout(state_slots) if fresh else f"slots={state_slots}"
+
+
+def check_layout(recorded: str, state_slots: int) -> None:
+    """Raise unless a shard that recorded ``recorded`` can go on under this ``state_slots`` setting.
+
+    A shard that began one entry per key (``slots=0``) keeps it while ``state_slots`` is still 0."""
+    if recorded != new_shard_layout(state_slots) and not (recorded == "slots=0" and not state_slots):
+        raise ValueError(
+            f"this checkpoint's evaluator state was written with {recorded}, not {new_shard_layout(state_slots)}; "
+            "keep the state_slots setting of an existing checkpoint (or start a new checkpoint)"
+        )
 
 
 def history_store(state: MapState, layout: str, pipeline: bool) -> "HistoryStore":
@@ -90,7 +107,7 @@ class HistoryStore:
 class KeyStore(HistoryStore):
     """One entry per key, and the shard's set of stored keys in one entry, so a key never seen (or
     already purged) costs no read and deleting it no call. Shards whose state predates that entry
-    read every key."""
+    read every key. Only shards from before the batch layout use it, so ``open`` always reads."""
 
     def __init__(self, state: MapState, pipeline: bool) -> None:
         super().__init__(state, pipeline)
@@ -98,11 +115,8 @@ class KeyStore(HistoryStore):
         self._changed = False
 
     def open(self, fresh: bool) -> None:
-        self._members, self._changed = (set(), True) if fresh else (None, False)
-        if not fresh:
-            (stored,) = self._read([_MEMBERS])
-            if stored is not None:
-                self._members = set(pickle.loads(stored))
+        (stored,) = self._read([_MEMBERS])
+        self._members, self._changed = (None if stored is None else set(pickle.loads(stored))), False
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         wanted = list(dict.fromkeys(keys))
