@@ -63,7 +63,8 @@ def _files() -> list[tuple[str, list[str]]]:
     rng = random.Random(7)
     first = _events(rng, START, 150, "a")
     second = _events(rng, START + timedelta(hours=2), 150, "b")
-    return [("part-1.jsonl", first), ("part-2.jsonl", second)]
+    third = _events(rng, START + timedelta(hours=4), 60, "c")
+    return [("part-1.jsonl", first), ("part-2.jsonl", second), ("part-3.jsonl", third)]
 
 
 def _land(landing: Path, name: str, lines: list[str]) -> None:
@@ -135,10 +136,10 @@ class Crashed:
 @pytest.fixture(scope="module")
 def crashed(spark, tmp_path_factory) -> Crashed:
     root = tmp_path_factory.mktemp("crash")
-    (part1, lines1), (part2, lines2) = _files()
+    (part1, lines1), (part2, lines2), (part3, lines3) = _files()
 
     reference = Lakehouse(str(root / "reference"))
-    for name, lines in [(part1, lines1), (part2, lines2)]:
+    for name, lines in [(part1, lines1), (part2, lines2), (part3, lines3)]:
         _land(root / "reference-landing", name, lines)
         run_all(spark, reference, str(root / "reference-landing"), RULES, log=lambda _: None)
 
@@ -163,7 +164,15 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)
     assert _attempt(lakehouse, landing) == 0
-    return Crashed(lakehouse, reference, len(lines1) + len(lines2), kills)
+
+    _land(landing, part3, lines3)
+    # Every layer ran a batch: their metrics rows are appended in one commit at the run's end, named
+    # by bronze's batch; the kill comes after it commits, before the kept files are removed.
+    point = f"rulewatch.metrics.bronze:{last_planned_batch(lakehouse.checkpoint('bronze')) + 1}:after"
+    assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
+    kills.append(point)
+    assert _attempt(lakehouse, landing) == 0
+    return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills)
 
 
 def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
@@ -186,14 +195,15 @@ def test_every_landed_line_is_accounted_for_exactly_once(spark, crashed):
     assert after.bronze == crashed.landed_lines  # no file ingested twice, no line lost
     assert after.balanced
     assert (after.silver, after.quarantined, after.duplicates, after.late) == (before.silver, before.quarantined, before.duplicates, before.late)
-    assert (after.quarantined, after.duplicates) == (2, 2)
+    assert (after.quarantined, after.duplicates) == (3, 3)
     bronze = spark.read.format("delta").load(crashed.lakehouse.bronze_transactions)
-    assert bronze.groupBy("value", "source_file").count().where("count > 1").count() == 2  # only the repeated lines
+    assert bronze.groupBy("value", "source_file").count().where("count > 1").count() == 3  # only the repeated lines
     # Bronze's first batch was killed after its append committed: the replay skipped the append and
     # must still count the batch's lines for its metrics row.
-    metrics = spark.read.format("delta").load(crashed.lakehouse.pipeline_metrics).where("layer = 'bronze'")
-    assert metrics.agg(F.sum("rows_in")).first()[0] == crashed.landed_lines
-    assert metrics.groupBy("batch_id").count().where("count > 1").count() == 0
+    metrics = spark.read.format("delta").load(crashed.lakehouse.pipeline_metrics)
+    for layer in ("bronze", "silver"):  # each counts every landed line once
+        assert metrics.where(F.col("layer") == layer).agg(F.sum("rows_in")).first()[0] == crashed.landed_lines, layer
+    assert metrics.groupBy("layer", "batch_id").count().where("count > 1").count() == 0
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from rulewatch.spark import bronze
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.metrics import Recorder
 from rulewatch.spark.landing import FILES_READ, LandingError, audit, check_landing
 from rulewatch.spark.pipeline import ensure_all_tables, run_all
 
@@ -167,7 +168,7 @@ def test_a_file_listed_but_gone_before_it_was_read_is_reported(spark, tmp_path):
     def write(batch, batch_id):
         if batch_id == 0:
             (landing / "f2.jsonl").unlink()
-        bronze.write_batch(batch, batch_id, lakehouse)
+        bronze.write_batch(batch, batch_id, lakehouse, Recorder(lakehouse, "bronze"))
 
     started = time.time()
     query = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -11,11 +12,12 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from rulewatch.spark.checkpoints import check_queries
+from rulewatch.spark.delta_log import committed_batches
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import (
     PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
-from rulewatch.spark.sinks import per_run
+from rulewatch.spark.sinks import history_batches, per_run
 from rulewatch.spark.tables import read
 
 
@@ -96,3 +98,38 @@ def test_rows_a_killed_run_left_kept_are_appended_once(spark, tmp_path):
     _write_pending(lakehouse, "gold", 9, [metrics_row("gold", 9, now, now)])
     with pytest.raises(ValueError, match="needs a SparkSession"):
         check_queries(lakehouse, "gold")
+
+
+@pytest.mark.spark
+def test_a_job_run_appends_its_layers_rows_in_one_commit_that_each_layer_recognises(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_metrics_table(spark, lakehouse)
+    log = Path(lakehouse.pipeline_metrics, "_delta_log")
+    commits = lambda: len(list(log.glob("*.json")))  # noqa: E731
+    now = time.time()
+    batches = {"bronze": 4, "silver": 2, "gold": 7}
+    rows = {q: [metrics_row(q, b, now, now, rows_in=b)] for q, b in batches.items()}
+    for query, batch_id in batches.items():
+        _write_pending(lakehouse, query, batch_id, rows[query])
+    before = commits()
+    flush_pending(spark, lakehouse, *batches)
+    assert commits() == before + 1
+    assert {q: _rows(spark, lakehouse, q) for q in batches} == {q: [(b, b)] for q, b in batches.items()}
+    # A kill before the files were removed: each layer's start (check_queries) finds its batch in that one commit.
+    for query, batch_id in batches.items():
+        _write_pending(lakehouse, query, batch_id, rows[query])
+    for query in batches:
+        flush_pending(spark, lakehouse, query)
+    assert commits() == before + 1
+    assert {q: _rows(spark, lakehouse, q) for q in batches} == {q: [(b, b)] for q, b in batches.items()}
+    assert committed_batches(lakehouse.pipeline_metrics, "rulewatch.metrics.") == {f"rulewatch.metrics.{q}": b for q, b in batches.items()}
+    # The catalog path reads the same commit through DESCRIBE HISTORY.
+    assert history_batches(spark, lakehouse.pipeline_metrics, "rulewatch.metrics.") == {f"rulewatch.metrics.{q}": b for q, b in batches.items()}
+
+
+@pytest.mark.spark
+def test_the_job_gathers_its_metrics_only_where_it_sees_the_lakehouse(tmp_path):
+    seen = Lakehouse(str(tmp_path))
+    assert Recorder.gathered(seen, "bronze").every == math.inf
+    assert Recorder.gathered(Lakehouse(str(tmp_path / "not-yet")), "bronze").every == 0
+    assert Recorder.gathered(Lakehouse("s3://bucket/lakehouse"), "bronze").every == 0

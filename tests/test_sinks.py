@@ -10,9 +10,18 @@ from urllib.parse import urlparse
 
 import pytest
 
-from rulewatch.spark.delta_log import committed_batches, newest_committed_batch
+from rulewatch.spark.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
 from rulewatch.spark.sinks import append_once, history_batches, per_run, together
 from rulewatch.spark.tables import ensure_table, read
+
+
+def test_a_commit_names_its_own_batch_and_the_others_it_holds():
+    assert sink_batches(batch_metadata("rulewatch.metrics.bronze", 4)) == [("rulewatch.metrics.bronze", 4)]
+    both = batch_metadata("rulewatch.metrics.bronze", 4, {"rulewatch.metrics.silver": 2})
+    assert sink_batches(both) == [("rulewatch.metrics.bronze", 4), ("rulewatch.metrics.silver", 2)]
+    # Someone else's metadata, or none, names nothing.
+    for other in [None, "", "audit run 7", "[1, 2]", '{"txnAppId": 5, "txnVersion": 1}', '{"txnAppId": "x"}', '{"author": "ana"}']:
+        assert sink_batches(other) == [], other
 
 
 def test_writes_run_at_the_same_time():

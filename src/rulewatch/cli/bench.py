@@ -291,7 +291,7 @@ def bench_pipeline(
 ) -> PipelineResult:
     """The real job (``rulewatch run``'s functions) over generated landing files, per layer, beside a
     stateless read-parse-shuffle of the same files measured in the same session."""
-    from rulewatch.spark.pipeline import run_bronze, run_gold, run_silver
+    from rulewatch.spark.pipeline import metrics_gathered, run_bronze, run_gold, run_silver
 
     root = workdir or tempfile.mkdtemp(prefix="rulewatch-pipeline-bench-")
     shutil.rmtree(root, ignore_errors=True)
@@ -315,15 +315,18 @@ def bench_pipeline(
     lakehouse = Lakehouse(f"{root}/lakehouse")
     apply_rules(spark, lakehouse, parse_rules([{**BENCH_RULES[0], "limit": limit}]))
     layers = []
-    for name, step in [
-        ("bronze", lambda: run_bronze(spark, lakehouse, landing, quiet)),
-        ("silver", lambda: run_silver(spark, lakehouse, quiet)),
-        ("gold", lambda: run_gold(spark, lakehouse, settings, log=quiet)),
-    ]:
-        started = time.monotonic()
-        step()
-        layers.append(Measurement(name, events, time.monotonic() - started))
-    layers.append(Measurement("whole job", events, sum(m.seconds for m in layers)))
+    job_started = time.monotonic()
+    # As rulewatch run: the layers' metrics rows in one commit at the end, counted in the whole job only.
+    with metrics_gathered(spark, lakehouse) as recorders:
+        for name, step in [
+            ("bronze", lambda: run_bronze(spark, lakehouse, landing, quiet, recorders["bronze"])),
+            ("silver", lambda: run_silver(spark, lakehouse, quiet, recorders["silver"])),
+            ("gold", lambda: run_gold(spark, lakehouse, settings, quiet, recorders["gold"])),
+        ]:
+            started = time.monotonic()
+            step()
+            layers.append(Measurement(name, events, time.monotonic() - started))
+    layers.append(Measurement("whole job", events, time.monotonic() - job_started))
     alerts = tables.read(spark, lakehouse.alerts).count()
     if workdir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,7 @@ from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark import tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.landing import check_landing, check_recorded_source
-from rulewatch.spark.metrics import ensure_metrics_table, record
+from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.spark.schema import BRONZE
 from rulewatch.spark.session import is_databricks
 from rulewatch.spark.sinks import append_once, per_run
@@ -95,7 +95,7 @@ def ensure_bronze_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
     )  # fmt: skip
 
 
-def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder) -> None:
     started = time.time()
     # The append counts the lines as it writes them: a count of its own read the whole batch once
     # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/benchmarks.md).
@@ -104,7 +104,7 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
         count = counted.get["lines"]
     else:  # a replay of a batch whose append committed: the count is only needed for the metrics row
         count = batch.count()
-    record(batch.sparkSession, lakehouse, "bronze", batch_id, started, **landed_counts(lakehouse, count))
+    recorder.record(batch.sparkSession, batch_id, started, **landed_counts(lakehouse, count))
 
 
 def start_bronze(
@@ -113,14 +113,17 @@ def start_bronze(
     lakehouse: Lakehouse,
     available_now: bool = True,
     processing_time: str | None = None,
+    recorder: Recorder | None = None,
 ) -> StreamingQuery:
-    """Append landed lines (or Kafka records) to ``bronze/transactions``, idempotently per micro-batch."""
+    """Append landed lines (or Kafka records) to ``bronze/transactions``, idempotently per micro-batch;
+    each batch's metrics row is committed at once unless ``recorder`` gathers them."""
     ensure_metrics_table(spark, lakehouse)
+    recorder = recorder or Recorder(lakehouse, "bronze")
     writer = (
         read_source(spark, source)
         .writeStream.queryName("rulewatch_bronze")
         .option("checkpointLocation", lakehouse.checkpoint("bronze"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     return writer.start()

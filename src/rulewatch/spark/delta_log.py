@@ -10,7 +10,7 @@ so path tables are read this way; Unity Catalog managed tables give no path and 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -28,26 +28,27 @@ class CheckpointError(RuntimeError):
     """A checkpoint or table that cannot be resumed safely: names the path and what to do."""
 
 
-def batch_metadata(sink: str, batch_id: int) -> str:
-    """The ``userMetadata`` of batch ``batch_id``'s commit by ``sink``."""
-    return json.dumps({"txnAppId": sink, "txnVersion": batch_id})
+def batch_metadata(sink: str, batch_id: int, also: Mapping[str, int] | None = None) -> str:
+    """The ``userMetadata`` of batch ``batch_id``'s commit by ``sink``; ``also``: other sinks' batches
+    the same commit holds (``{sink: batch}``; metrics rows of several queries appended at once)."""
+    return json.dumps({"txnAppId": sink, "txnVersion": batch_id, **({"alsoBatches": dict(also)} if also else {})})
 
 
-def sink_batch(user_metadata: Any) -> tuple[str, int] | None:
-    """The (sink, batch) a commit's ``userMetadata`` names, or None (no metadata, or someone else's)."""
+def sink_batches(user_metadata: Any) -> list[tuple[str, int]]:
+    """The (sink, batch) pairs a commit's ``userMetadata`` names (none: no metadata, or someone else's)."""
     try:
         txn = json.loads(user_metadata)
-        sink, batch = txn["txnAppId"], int(txn["txnVersion"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (sink, batch) if isinstance(sink, str) else None
+        named = {txn["txnAppId"]: txn["txnVersion"], **txn.get("alsoBatches", {})}
+        return [(sink, int(batch)) for sink, batch in named.items() if isinstance(sink, str)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
-def newest_per_sink(found: Iterable[tuple[str, int] | None], app_id_prefix: str) -> dict[str, int]:
-    """``{sink: newest batch}`` of the (sink, batch) pairs (None: not a sink's) whose sink starts with the prefix."""
+def newest_per_sink(found: Iterable[tuple[str, int]], app_id_prefix: str) -> dict[str, int]:
+    """``{sink: newest batch}`` of the (sink, batch) pairs whose sink starts with the prefix."""
     latest: dict[str, int] = {}
     for pair in found:
-        if pair and pair[0].startswith(app_id_prefix):
+        if pair[0].startswith(app_id_prefix):
             latest[pair[0]] = max(latest.get(pair[0], -1), pair[1])
     return latest
 
@@ -107,7 +108,7 @@ def whole_history_is_appends(table: str) -> bool:
     return not removed and sum(kind == "metaData" for kind, _ in found) <= 1
 
 
-def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:
+def _commit_metadata(log: Path) -> Iterator[tuple[str, int]]:
     """The (sink, batch) in the ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits, newest first."""
     commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
     for commit in commits[:HISTORY_DEPTH]:
@@ -117,7 +118,7 @@ def _commit_metadata(log: Path) -> Iterator[tuple[str, int] | None]:
             continue  # removed by Delta's log cleanup since the listing: older than its retention
         for line in lines:
             if line.startswith('{"commitInfo"'):
-                yield sink_batch(json.loads(line)["commitInfo"].get("userMetadata"))
+                yield from sink_batches(json.loads(line)["commitInfo"].get("userMetadata"))
 
 
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
@@ -142,7 +143,7 @@ def newest_committed_batch(table: str, sink: str) -> int:
     storage, so this stops as soon as it can.
     """
     log = Path(table, "_delta_log")
-    for found in _commit_metadata(log):
-        if found and found[0] == sink:
-            return found[1]
+    for found, batch in _commit_metadata(log):
+        if found == sink:
+            return batch
     return max((txn["version"] for _, txn in actions(log, ("txn",)) if txn["appId"] == sink), default=-1)

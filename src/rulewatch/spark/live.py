@@ -72,7 +72,7 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
     check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout)  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
-    recorders = [Recorder.for_live(lakehouse, query, settings.metrics_every) for query in LAYERS]
+    recorders = [Recorder.gathered(lakehouse, query, settings.metrics_every) for query in LAYERS]
     with session_confs(spark, partitions):
         ingest = start_ingest(spark, source, lakehouse, settings.trigger, recorders[0])
         gold = start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1])

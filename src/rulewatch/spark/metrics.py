@@ -6,7 +6,8 @@ recorded in the data (bronze ingest time, event time) to the moment the gold bat
 its alerts.
 
 Live queries gather their rows (``Recorder``): a batch leaves its rows in a file in the query's
-checkpoint, and one commit every so often appends what the files hold.
+checkpoint, and one commit every so often appends what the files hold. A job-mode run
+(pipeline.run_all) gathers its layers' rows the same way and appends them in one commit at its end.
 """
 
 from __future__ import annotations
@@ -73,27 +74,30 @@ def metrics_row(layer: str, batch_id: int, started: float, ended: float, **value
     return row
 
 
-def record_rows(spark: SparkSession, lakehouse: Lakehouse, query: str, batch_id: int, rows: list[dict[str, Any]]) -> None:
-    """Append the metrics rows of query ``query``'s batch ``batch_id`` in one commit."""
+def _sink(query: str) -> str:
+    return f"rulewatch.metrics.{query}"
+
+
+def record_rows(
+    spark: SparkSession, lakehouse: Lakehouse, query: str, batch_id: int, rows: list[dict[str, Any]], also: dict[str, int] | None = None
+) -> None:
+    """Append the metrics rows of query ``query``'s batch ``batch_id`` in one commit; ``also``
+    (``{query: batch}``): other queries' batches whose rows are among ``rows``."""
     names = PIPELINE_METRICS.fieldNames()
     frame = spark.createDataFrame([tuple(row.get(f) for f in names) for row in rows], PIPELINE_METRICS)
-    append_once(frame, lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}", batch_id)
-
-
-def record(spark: SparkSession, lakehouse: Lakehouse, layer: str, batch_id: int, started: float, **values: Any) -> None:
-    """Append the metrics row of ``layer``'s batch ``batch_id``; ``started`` is its ``time.time()``."""
-    record_rows(spark, lakehouse, layer, batch_id, [metrics_row(layer, batch_id, started, time.time(), **values)])
+    append_once(frame, lakehouse.pipeline_metrics, _sink(query), batch_id, also={_sink(q): b for q, b in (also or {}).items()})
 
 
 class Recorder:
     """Writes one query's ``pipeline_metrics`` rows: each batch's in its own commit, or gathered.
 
-    Gathered (live mode, ``every`` > 0): a batch leaves its rows in a file in the query's checkpoint,
-    and the first batch ending ``every`` seconds after the last commit appends every file's rows in
-    one commit. A one-row commit cost a live batch 0.7-1.5 s of two busy cores (docs/benchmarks.md).
-    ``flush`` (after the query stops) appends the rest. A crash leaves the files, and the next start
-    appends them before its checks (``flush_pending``, called by checkpoints.check_queries): the rows
-    describe committed writes, so they must reach the table.
+    Gathered (``every`` > 0): a batch leaves its rows in a file in the query's checkpoint, and the
+    first batch ending ``every`` seconds after the last commit appends every file's rows in one
+    commit (live mode; a one-row commit cost a live batch 0.7-1.5 s of two busy cores,
+    docs/benchmarks.md). ``flush`` (after the query stops) appends the rest; a job-mode run
+    (``every`` infinite) appends all its layers' at its end (``flush_pending``). A crash leaves the
+    files, and the next start appends them before its checks (called by checkpoints.check_queries):
+    the rows describe committed writes, so they must reach the table.
     """
 
     def __init__(self, lakehouse: Lakehouse, query: str, every: float = 0.0) -> None:
@@ -101,9 +105,11 @@ class Recorder:
         self._committed = time.time()  # wall clock: under Spark Connect a copy runs on the server
 
     @classmethod
-    def for_live(cls, lakehouse: Lakehouse, query: str, every: float) -> "Recorder":
-        """Gathered where the files can be read back: a checkpoint on a local or mounted path."""
-        return cls(lakehouse, query, every=every if "://" not in lakehouse.checkpoint(query) else 0.0)
+    def gathered(cls, lakehouse: Lakehouse, query: str, every: float = math.inf) -> "Recorder":
+        """Gathered where this process can read the files back (a checkpoint on a local or mounted
+        path it sees), else each batch's rows at once."""
+        seen = "://" not in lakehouse.checkpoint(query) and Path(lakehouse.root).is_dir()
+        return cls(lakehouse, query, every=every if seen else 0.0)
 
     def record_rows(self, spark: SparkSession, batch_id: int, rows: list[dict[str, Any]]) -> None:
         """Append the metrics rows of batch ``batch_id``, or keep them for the next commit."""
@@ -111,9 +117,13 @@ class Recorder:
             record_rows(spark, self.lakehouse, self.query, batch_id, rows)
             return
         _write_pending(self.lakehouse, self.query, batch_id, rows)
-        crash_point(f"rulewatch.metrics.{self.query}", batch_id, "kept")
+        crash_point(_sink(self.query), batch_id, "kept")
         if time.time() - self._committed >= self.every:
             self.flush(spark)
+
+    def record(self, spark: SparkSession, batch_id: int, started: float, **values: Any) -> None:
+        """Record the metrics row of batch ``batch_id``; ``started`` is its ``time.time()``."""
+        self.record_rows(spark, batch_id, [metrics_row(self.query, batch_id, started, time.time(), **values)])
 
     def flush(self, spark: SparkSession) -> None:
         """Append the rows kept so far."""
@@ -151,20 +161,29 @@ def kept_rows(lakehouse: Lakehouse, query: str) -> list[dict[str, Any]]:
     return rows
 
 
-def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, query: str) -> None:
-    """Append the rows kept in files by ``query`` (this run's, or a stopped or crashed run's) in one commit.
+def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: str) -> None:
+    """Append the rows kept in files by ``queries`` (this run's, or a stopped or crashed run's) in one commit.
 
-    The commit names the newest batch among them, so a repeat is recognised like any other
+    The commit names each query's newest batch among them, so a repeat is recognised like any other
     (``append_once``); files a crash left after their commit are dropped, not appended again."""
-    folder = _pending_folder(lakehouse, query)
-    files = sorted(folder.glob("*.json"), key=lambda p: int(p.stem)) if folder.is_dir() else []
-    if not files:
-        return
-    if spark is None:
-        raise ValueError(f"{folder} holds metrics rows to append first; that needs a SparkSession (spark=...)")
-    committed = newest_batch(spark, lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}")
-    rows = [row for path in files if int(path.stem) > committed for row in _read_pending(path)]
+    rows: list[dict[str, Any]] = []
+    newest: dict[str, int] = {}
+    files: list[Path] = []
+    for query in queries:
+        folder = _pending_folder(lakehouse, query)
+        kept = sorted(folder.glob("*.json"), key=lambda p: int(p.stem)) if folder.is_dir() else []
+        if not kept:
+            continue
+        if spark is None:
+            raise ValueError(f"{folder} holds metrics rows to append first; that needs a SparkSession (spark=...)")
+        committed = newest_batch(spark, lakehouse.pipeline_metrics, _sink(query))
+        new = [path for path in kept if int(path.stem) > committed]
+        rows += [row for path in new for row in _read_pending(path)]
+        if new:
+            newest[query] = int(kept[-1].stem)
+        files += kept
     if rows:
-        record_rows(spark, lakehouse, query, int(files[-1].stem), rows)
+        (query, batch_id), *others = newest.items()
+        record_rows(spark, lakehouse, query, batch_id, rows, also=dict(others))
     for path in files:
         path.unlink()

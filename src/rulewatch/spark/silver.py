@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark import schema, tables
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import ensure_metrics_table, record
+from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, future_tolerance
 from rulewatch.spark.sinks import append_once, batch_column, per_run, together
@@ -399,11 +399,11 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     }
 
 
-def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse) -> None:
+def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder) -> None:
     """One bronze micro-batch -> silver / quarantine / duplicates, each write idempotent."""
     started = time.time()
     counts = write_classified(batch, batch_id, lakehouse)
-    record(batch.sparkSession, lakehouse, "silver", batch_id, started, **counts)
+    recorder.record(batch.sparkSession, batch_id, started, **counts)
 
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
@@ -421,14 +421,21 @@ def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 
 def start_silver(
-    spark: SparkSession, lakehouse: Lakehouse, available_now: bool = True, processing_time: str | None = None
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    available_now: bool = True,
+    processing_time: str | None = None,
+    recorder: Recorder | None = None,
 ) -> StreamingQuery:
+    """Bronze's new lines classified into silver's tables; each batch's metrics row is committed at
+    once unless ``recorder`` gathers them."""
     ensure_silver_tables(spark, lakehouse)
+    recorder = recorder or Recorder(lakehouse, "silver")
     writer = (
         tables.read_stream(spark.readStream.format("delta"), lakehouse.bronze_transactions)
         .writeStream.queryName("rulewatch_silver")
         .option("checkpointLocation", lakehouse.checkpoint("silver"))
-        .foreachBatch(per_run(lambda df, batch_id: process_batch(df, batch_id, lakehouse)))
+        .foreachBatch(per_run(lambda df, batch_id: process_batch(df, batch_id, lakehouse, recorder)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     return writer.start()

@@ -17,13 +17,13 @@ import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark import tables
-from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_committed_batch, newest_per_sink, sink_batch
+from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_committed_batch, newest_per_sink, sink_batches
 
 
 # Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.
@@ -65,17 +65,21 @@ def per_run(write: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int
     return _PerRun(write)
 
 
-def append_once(df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None) -> bool:
+def append_once(
+    df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None, also: Mapping[str, int] | None = None
+) -> bool:
     """Append ``df`` to ``table`` unless batch ``batch_id`` of ``sink`` already did; True if it appended.
 
     ``rows=0`` (the caller counted ``df`` empty) skips the commit: an empty append adds nothing a
     replay could repeat, and each commit costs ~0.3 s locally. The commit carries (sink, batch) as
     its ``userMetadata``, the one record every append leaves (``DESCRIBE HISTORY`` shows it).
+    ``also`` (``{sink: batch}``) names other sinks' batches ``df`` holds too; the caller has checked
+    that none of them committed. Only ``sink`` gets Delta's ``txn`` record.
     """
     crash_point(sink, batch_id, "before")
     appended = False
     if rows != 0:
-        writer = df.write.format("delta").mode("append").option("userMetadata", batch_metadata(sink, batch_id))
+        writer = df.write.format("delta").mode("append").option("userMetadata", batch_metadata(sink, batch_id, also))
         if not _MAY_REPEAT.get():
             tables.save(writer, table)
             appended = True
@@ -106,7 +110,7 @@ def history_batches(spark: SparkSession, table: str, app_id_prefix: str, depth: 
     ``depth`` commits' ``userMetadata`` (``DESCRIBE HISTORY``: path and catalog tables alike)."""
     history = spark.sql(f"DESCRIBE HISTORY {tables.table_ref(table)} LIMIT {depth}")
     rows = history.where("userMetadata IS NOT NULL").select("userMetadata").collect()
-    return newest_per_sink((sink_batch(row.userMetadata) for row in rows), app_id_prefix)
+    return newest_per_sink((pair for row in rows for pair in sink_batches(row.userMetadata)), app_id_prefix)
 
 
 def batch_column(name: str, batch_id: int) -> Column:
