@@ -35,7 +35,8 @@ def test_pipeline_bench_times_a_job_whose_alerts_are_the_oracles(spark, tmp_path
     layers = {m["name"]: m for m in re.finditer(FIGURES, out, re.M)}
     assert list(layers) == ["stateless pass-through", "bronze", "silver", "gold", "whole job"], out
     parts = sum(float(layers[name]["seconds"]) for name in ("bronze", "silver", "gold"))
-    assert float(layers["whole job"]["seconds"]) == pytest.approx(parts, abs=0.15)
+    # The whole job is the layers one after the other, then their metrics rows' one commit.
+    assert parts - 0.15 <= float(layers["whole job"]["seconds"]) <= parts + 5
 
 
 def test_evaluator_bench_measures_each_layout_once_beside_the_pass_through(spark, capsys):
