@@ -6,14 +6,17 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES, ROOT
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.metrics import PENDING
 
 
 @pytest.mark.spark
-def test_run_under_spark_connect_gives_the_fixture_alerts(tmp_path, expected_alerts):
+def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expected_alerts):
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     result = subprocess.run(
         [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lakehouse"),
@@ -26,3 +29,9 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(tmp_path, expected_ale
     for rule_id, count in per_rule.items():
         assert f"rule {rule_id}: {count} alert(s)" in result.stdout
     assert "Failed to set spark" not in result.stderr
+    # The layers' metrics rows, kept in files by the server's copies of the recorders, reached the
+    # table in the run's one commit, and no file is left.
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    layers = Counter(r.layer for r in spark.read.format("delta").load(lakehouse.pipeline_metrics).collect())
+    assert layers == {"bronze": 1, "silver": 1, "gold": 1}
+    assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
