@@ -13,6 +13,7 @@ import pytest
 from conftest import FIXTURES, ROOT
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import PENDING
+from test_crash import metrics_commits
 
 
 @pytest.mark.spark
@@ -35,3 +36,4 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
     layers = Counter(r.layer for r in spark.read.format("delta").load(lakehouse.pipeline_metrics).collect())
     assert layers == {"bronze": 1, "silver": 1, "gold": 1}
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
+    assert metrics_commits(lakehouse) == [{"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}]

@@ -28,8 +28,9 @@ from pyspark.sql import functions as F
 from conftest import FIXTURES, ROOT
 from rulewatch.cli.main import main
 from rulewatch.spark.checkpoints import CheckpointError, check_queries, last_planned_batch
-from rulewatch.spark.delta_log import committed_batches
+from rulewatch.spark.delta_log import committed_batches, sink_batches
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.metrics import PENDING
 from rulewatch.spark.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
 from rulewatch.spark.sinks import CRASH_AT_ENV, append_once
 from rulewatch.spark.tables import ensure_table
@@ -121,6 +122,17 @@ def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, k
     return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after)
 
 
+def metrics_commits(lakehouse: Lakehouse) -> list[set[str]]:
+    """The sinks each ``pipeline_metrics`` commit names (its own and ``alsoBatches``), oldest first."""
+    log = Path(lakehouse.pipeline_metrics, "_delta_log")
+    named = []
+    for commit in sorted(log.glob("*.json"), key=lambda p: int(p.stem)):
+        info = next(json.loads(line)["commitInfo"] for line in commit.read_text().splitlines() if line.startswith('{"commitInfo"'))
+        if info.get("userMetadata"):
+            named.append({name for name, _ in sink_batches(info["userMetadata"])})
+    return named
+
+
 def _next_gold_batch(lakehouse: Lakehouse) -> int:
     return last_planned_batch(lakehouse.checkpoint("gold")) + 1
 
@@ -171,7 +183,11 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     point = f"rulewatch.metrics.bronze:{last_planned_batch(lakehouse.checkpoint('bronze')) + 1}:after"
     assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)
+    # Killed in that one commit's wake: it names every layer, and each layer's kept file is still there.
+    assert metrics_commits(lakehouse)[-1] == {"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}
+    assert all(list(Path(lakehouse.checkpoint(layer), PENDING).glob("*.json")) for layer in ("bronze", "silver", "gold"))
     assert _attempt(lakehouse, landing) == 0
+    assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
     return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills)
 
 

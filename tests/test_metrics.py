@@ -17,6 +17,8 @@ from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import (
     PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
+from rulewatch.spark.pipeline import metrics_gathered
+from rulewatch.spark.session import foreach_batch_runs_here
 from rulewatch.spark.sinks import history_batches, per_run
 from rulewatch.spark.tables import read
 
@@ -128,8 +130,10 @@ def test_a_job_run_appends_its_layers_rows_in_one_commit_that_each_layer_recogni
 
 
 @pytest.mark.spark
-def test_the_job_gathers_its_metrics_only_where_it_sees_the_lakehouse(tmp_path):
-    seen = Lakehouse(str(tmp_path))
-    assert Recorder.gathered(seen, "bronze").every == math.inf
-    assert Recorder.gathered(Lakehouse(str(tmp_path / "not-yet")), "bronze").every == 0
-    assert Recorder.gathered(Lakehouse("s3://bucket/lakehouse"), "bronze").every == 0
+def test_a_job_gathers_its_metrics_where_its_batches_write_files_it_can_read(spark, tmp_path):
+    assert foreach_batch_runs_here(spark)  # a classic session (tests/test_connect.py: a local Connect server)
+    with metrics_gathered(spark, Lakehouse(str(tmp_path / "lakehouse"))) as recorders:
+        assert {layer: r.every for layer, r in recorders.items()} == {"bronze": math.inf, "silver": math.inf, "gold": math.inf}
+    # Checkpoints on object storage: nothing to read the files back from, so each batch commits its rows.
+    with metrics_gathered(spark, Lakehouse("s3://bucket/lakehouse")) as recorders:
+        assert {r.every for r in recorders.values()} == {0}

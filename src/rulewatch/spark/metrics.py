@@ -106,10 +106,8 @@ class Recorder:
 
     @classmethod
     def gathered(cls, lakehouse: Lakehouse, query: str, every: float = math.inf) -> "Recorder":
-        """Gathered where this process can read the files back (a checkpoint on a local or mounted
-        path it sees), else each batch's rows at once."""
-        seen = "://" not in lakehouse.checkpoint(query) and Path(lakehouse.root).is_dir()
-        return cls(lakehouse, query, every=every if seen else 0.0)
+        """Gathered where the files can be read back (a checkpoint on a local or mounted path), else each batch's rows at once."""
+        return cls(lakehouse, query, every=every if "://" not in lakehouse.checkpoint(query) else 0.0)
 
     def record_rows(self, spark: SparkSession, batch_id: int, rows: list[dict[str, Any]]) -> None:
         """Append the metrics rows of batch ``batch_id``, or keep them for the next commit."""

@@ -24,6 +24,7 @@ from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.landing import LandingReport, audit
 from rulewatch.spark.metrics import Recorder, flush_pending
 from rulewatch.spark.rules_table import RuleChange, apply_rules_file, run_rule_history
+from rulewatch.spark.session import foreach_batch_runs_here
 from rulewatch.spark.silver import ensure_silver_tables, start_silver
 from rulewatch.spark import tables
 
@@ -52,8 +53,11 @@ JOB_LAYERS = ("bronze", "silver", "gold")
 def metrics_gathered(spark: SparkSession, lakehouse: Lakehouse) -> Iterator[dict[str, Recorder]]:
     """Recorders for the job's layers that keep their metrics rows, appended in one commit when the
     block ends instead of one commit per layer (~0.7-1 s each, docs/benchmarks.md). A block that
-    raises appends them too; if that fails as well, the next start does (checkpoints.check_queries)."""
-    recorders = {layer: Recorder.gathered(lakehouse, layer) for layer in JOB_LAYERS}
+    raises appends them too; if that fails as well, the next start does (checkpoints.check_queries).
+    Under a Spark Connect server elsewhere, whose copies of the recorders write on its disk, each
+    batch's rows are committed at once instead."""
+    here = foreach_batch_runs_here(spark)
+    recorders = {layer: Recorder.gathered(lakehouse, layer) if here else Recorder(lakehouse, layer) for layer in JOB_LAYERS}
     try:
         yield recorders
     except BaseException:

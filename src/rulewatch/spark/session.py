@@ -106,6 +106,14 @@ def is_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 
 
+def foreach_batch_runs_here(spark: SparkSession) -> bool:
+    """Whether a query's ``foreachBatch`` function runs on this machine, so files it writes can be
+    read here: a classic session, or a Spark Connect server this process started (``RULEWATCH_REMOTE``
+    ``local[...]``). A Connect server elsewhere runs it in its own process, on its own disk."""
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    return not connect or os.environ.get("RULEWATCH_REMOTE", "").startswith("local")
+
+
 def get_spark(app_name: str = "rulewatch") -> SparkSession:
     """Return the active session (Databricks, Connect, tests) or build the local one.
 
