@@ -31,7 +31,7 @@ from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcesso
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from rulewatch.spark import schema, state_batch
-from rulewatch.spark.history import check_layout, history_store, unrecorded_layout
+from rulewatch.spark.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
@@ -238,6 +238,27 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(layout):
     assert read["ks\x1fg3"] == b"blob3" * 50 and read["ks\x1fmissing"] is None
     assert after["ks\x1fg0"] is None and after["ks\x1fg1"] == b"blob1" * 50 and after["ks\x1fnew"] == b"new"
     assert rows == ROWS_WRITTEN[layout]
+
+
+@pytest.mark.parametrize("expired", [GENERATION_KEYS - 101, GENERATION_KEYS - 100])
+def test_a_call_touching_many_keys_that_mostly_expire_writes_one_generation(expired):
+    # A backfill over a million keys: each call keeps few of the keys it touches, the rest expire
+    # before the next watermark and are dropped (None) without ever having been stored.
+    server = StandInServer()
+    state = map_state(server)  # the stand-in serves one connection
+    store = history_store(state, "batch", True)
+    store.open(fresh=True)
+    kept = {f"ks\x1fk{i}": b"blob" for i in range(100)}
+    store.put_many({**kept, **{f"ks\x1fx{i}": None for i in range(expired)}})
+    store.flush()
+    stored = {key[0] for key in server.contents("history")}
+    if 100 + expired < GENERATION_KEYS:  # one entry per kept key, and the record
+        assert stored == {*kept, "#where"} and store.rows_written == 101
+    else:  # one generation, and the record
+        assert stored == {"#gen1", "#where"} and store.rows_written == 2
+    again = history_store(state, "batch", True)
+    again.open(fresh=False)
+    assert again.get_many([*kept, "ks\x1fx0"]) == {**kept, "ks\x1fx0": None}
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,8 +3,8 @@
 Three layouts, recorded per shard in state (evaluator.ShardEvaluator._open_history) and fixed for
 it; ``history_store`` builds the one a record names:
 
-- ``batch`` (new shards with ``state_slots = 0``): a handler call that writes many keys, or reads
-  many of the keys its shard stores, writes them all as one entry (a generation); other calls
+- ``batch`` (new shards with ``state_slots = 0``): a handler call that touches many keys, or reads
+  many of the keys its shard stores, writes the ones it keeps as one entry (a generation); other calls
   write one entry per key. A one-entry-per-key batch pays one state call per written key
   (~25-35 µs each, pipelined), which is most of a big batch's state time (docs/benchmarks.md).
 - ``slots=0`` (shards from before ``batch``): one entry per key.
@@ -33,10 +33,12 @@ _GEN = "#gen"
 
 BATCH = "batch"
 
-# A call writes a generation when it writes at least this many keys, or when the stored keys it read
-# are at least a quarter of its shard's (the next calls are then likely to read most of a generation
-# too); otherwise one entry per key. A generation is read whole for any of its keys, so a live batch
-# over few of many stored keys, or over keys that come and go, keeps entries per key.
+# A call writes a generation when it touches at least this many keys (written, deleted, or dropped
+# as expired before they were ever stored: a backfill over a million keys writes few of the many it
+# touches), or when the stored keys it read are at least a quarter of its shard's (the next calls
+# are then likely to read most of a generation too); otherwise one entry per key. A generation is
+# read whole for any of its keys, so a live batch over few of many stored keys, or over keys that
+# come and go, keeps entries per key.
 GENERATION_KEYS = 4096
 GENERATION_SHARE = 4
 
@@ -227,6 +229,7 @@ class BatchStore(HistoryStore):
 
     def flush(self) -> None:
         where, pending = self._where, self._pending
+        touched = len(pending)
         pending = {key: blob for key, blob in pending.items() if blob is not None or key in where}
         live = Counter(where.values())
         for key in pending:
@@ -239,7 +242,7 @@ class BatchStore(HistoryStore):
                 pending.update(moved)
                 live[gen] -= len(moved)
         written = {key: blob for key, blob in pending.items() if blob is not None}
-        as_generation = len(written) >= GENERATION_KEYS or 0 < len(where) <= len(self._found) * GENERATION_SHARE
+        as_generation = touched >= GENERATION_KEYS or 0 < len(where) <= len(self._found) * GENERATION_SHARE
         place = self._next if as_generation and written else 0
         writes: list[tuple[str, bytes | None]] = []
         for key, blob in pending.items():
