@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
-from rulewatch.spark.metrics import flush_pending
+from rulewatch.spark.metrics import flush_pending, sink_name
 from rulewatch.spark.sinks import history_batches
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[
     if query in STATEFUL:
         _check_state(checkpoint, committed[-1])
     metrics = lakehouse.pipeline_metrics
-    recorded = max(commits.committed_batches(metrics, f"rulewatch.metrics.{query}").values(), default=-1)
+    recorded = max(commits.committed_batches(metrics, sink_name(query)).values(), default=-1)
     if recorded < committed[-1]:
         raise CheckpointError(
             f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
@@ -268,7 +268,7 @@ def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
         "gold": gold,
     }
     sinks = {
-        query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, f"rulewatch.metrics.{query}")]
+        query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, sink_name(query))]
         for query, written in tables.items()
     }
     sinks["rule_history"] = [(lakehouse.rule_history, "rulewatch.gold.rule_history")]
