@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from unittest import mock
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -30,7 +31,7 @@ from pyspark.sql.streaming.stateful_processor import MapState
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from rulewatch.spark import schema, state_batch
+from rulewatch.spark import history, schema, state_batch
 from rulewatch.spark.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.gold import GoldSettings, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
@@ -240,25 +241,27 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(layout):
     assert rows == ROWS_WRITTEN[layout]
 
 
-@pytest.mark.parametrize("expired", [GENERATION_KEYS - 101, GENERATION_KEYS - 100])
-def test_a_call_touching_many_keys_that_mostly_expire_writes_one_generation(expired):
+@pytest.mark.parametrize("kept, expired", [(100, GENERATION_KEYS - 101), (100, GENERATION_KEYS - 100), (0, GENERATION_KEYS)])
+def test_a_call_writes_a_generation_by_the_keys_it_touches_not_the_few_it_keeps(kept, expired):
     # A backfill over a million keys: each call keeps few of the keys it touches, the rest expire
     # before the next watermark and are dropped (None) without ever having been stored.
     server = StandInServer()
     state = map_state(server)  # the stand-in serves one connection
     store = history_store(state, "batch", True)
     store.open(fresh=True)
-    kept = {f"ks\x1fk{i}": b"blob" for i in range(100)}
-    store.put_many({**kept, **{f"ks\x1fx{i}": None for i in range(expired)}})
+    blobs = {f"ks\x1fk{i}": b"blob" for i in range(kept)}
+    store.put_many({**blobs, **{f"ks\x1fx{i}": None for i in range(expired)}})
     store.flush()
     stored = {key[0] for key in server.contents("history")}
-    if 100 + expired < GENERATION_KEYS:  # one entry per kept key, and the record
-        assert stored == {*kept, "#where"} and store.rows_written == 101
+    if not kept:  # nothing changed: nothing written
+        assert stored == set() and store.rows_written == 0
+    elif kept + expired < GENERATION_KEYS:  # one entry per kept key, and the record
+        assert stored == {*blobs, "#where"} and store.rows_written == kept + 1
     else:  # one generation, and the record
         assert stored == {"#gen1", "#where"} and store.rows_written == 2
     again = history_store(state, "batch", True)
     again.open(fresh=False)
-    assert again.get_many([*kept, "ks\x1fx0"]) == {**kept, "ks\x1fx0": None}
+    assert again.get_many([*blobs, "ks\x1fx0"]) == {**blobs, "ks\x1fx0": None}
 
 
 @settings(max_examples=60, deadline=None)
@@ -266,8 +269,14 @@ def test_a_call_touching_many_keys_that_mostly_expire_writes_one_generation(expi
     st.lists(st.integers(0, 30), max_size=12),                                  # keys read first
     st.dictionaries(st.integers(0, 30), st.one_of(st.none(), st.binary(min_size=1, max_size=8)), max_size=12),
     st.booleans(),                                                               # a new store (another batch) first
-), min_size=1, max_size=15))
-def test_the_batch_layout_reads_what_was_written_and_keeps_no_dead_entry(calls):
+), min_size=1, max_size=15), st.sampled_from([GENERATION_KEYS, 6]))
+def test_the_batch_layout_reads_what_was_written_and_keeps_no_dead_entry(calls, generation_keys):
+    # At 6 the touched-keys rule writes generations too (at 4,096 only the read-a-quarter rule can).
+    with mock.patch.object(history, "GENERATION_KEYS", generation_keys):
+        check_the_batch_layout_against_a_dict(calls)
+
+
+def check_the_batch_layout_against_a_dict(calls):
     server = StandInServer()
     state = map_state(server)  # the stand-in serves one connection
     model: dict[str, bytes] = {}

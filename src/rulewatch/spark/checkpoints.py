@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
 from rulewatch.spark.metrics import flush_pending, sink_name
+from rulewatch.spark.rules_table import HISTORY_SINK
 from rulewatch.spark.sinks import history_batches
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
         query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, sink_name(query))]
         for query, written in tables.items()
     }
-    sinks["rule_history"] = [(lakehouse.rule_history, "rulewatch.gold.rule_history")]
+    sinks["rule_history"] = [(lakehouse.rule_history, HISTORY_SINK)]
     return sinks
 
 
