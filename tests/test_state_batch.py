@@ -217,7 +217,7 @@ def test_a_key_that_cannot_be_serialised_fails_before_anything_is_sent():
 # Entries each layout writes in the test below: one per key; two slots each flush; batch: the 400 keys
 # one entry each (nothing stored was read), then the new key as a generation, since the call read every
 # stored key (and each flush's record).
-ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 400 + 1 + 1 + 1}
+ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 1 + 1 + 1 + 1}  # batch: two generations, two records
 
 
 @pytest.mark.parametrize("layout", list(ROWS_WRITTEN))
@@ -241,27 +241,47 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(layout):
     assert rows == ROWS_WRITTEN[layout]
 
 
+def test_a_fresh_shard_writes_its_first_call_as_one_generation():
+    # A shard's first call (a backfill's first batch, a new job's first window) stores many keys at
+    # once and its next calls are likely to read many of them: one entry, not one per key.
+    server = StandInServer()
+    state = map_state(server)  # the stand-in serves one connection
+    store = history_store(state, "batch", True)
+    store.open(fresh=True)
+    blobs = {f"ks\x1fk{i}": f"blob{i}".encode() for i in range(10)}
+    store.put_many({**blobs, "ks\x1fexpired": None})
+    store.flush()
+    assert {key[0] for key in server.contents("history")} == {"#gen1", "#where"} and store.rows_written == 2
+    again = history_store(state, "batch", True)
+    again.open(fresh=False)
+    assert again.get_many([*blobs, "ks\x1fexpired"]) == {**blobs, "ks\x1fexpired": None}
+
+
 @pytest.mark.parametrize("kept, expired", [(100, GENERATION_KEYS - 101), (100, GENERATION_KEYS - 100), (0, GENERATION_KEYS)])
 def test_a_call_writes_a_generation_by_the_keys_it_touches_not_the_few_it_keeps(kept, expired):
     # A backfill over a million keys: each call keeps few of the keys it touches, the rest expire
     # before the next watermark and are dropped (None) without ever having been stored.
     server = StandInServer()
     state = map_state(server)  # the stand-in serves one connection
+    first = history_store(state, "batch", True)
+    first.open(fresh=True)
+    first.put_many({"ks\x1fseed": b"seed"})  # a shard that stores something: not its first call
+    first.flush()
     store = history_store(state, "batch", True)
-    store.open(fresh=True)
+    store.open(fresh=False)
     blobs = {f"ks\x1fk{i}": b"blob" for i in range(kept)}
     store.put_many({**blobs, **{f"ks\x1fx{i}": None for i in range(expired)}})
     store.flush()
-    stored = {key[0] for key in server.contents("history")}
+    stored = {key[0] for key in server.contents("history")} - {"#gen1", "#where"}
     if not kept:  # nothing changed: nothing written
         assert stored == set() and store.rows_written == 0
     elif kept + expired < GENERATION_KEYS:  # one entry per kept key, and the record
-        assert stored == {*blobs, "#where"} and store.rows_written == kept + 1
+        assert stored == set(blobs) and store.rows_written == kept + 1
     else:  # one generation, and the record
-        assert stored == {"#gen1", "#where"} and store.rows_written == 2
+        assert stored == {"#gen2"} and store.rows_written == 2
     again = history_store(state, "batch", True)
     again.open(fresh=False)
-    assert again.get_many([*blobs, "ks\x1fx0"]) == {**blobs, "ks\x1fx0": None}
+    assert again.get_many([*blobs, "ks\x1fseed", "ks\x1fx0"]) == {**blobs, "ks\x1fseed": b"seed", "ks\x1fx0": None}
 
 
 @settings(max_examples=60, deadline=None)

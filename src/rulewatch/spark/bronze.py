@@ -15,7 +15,7 @@ from rulewatch.spark.landing import check_landing, check_recorded_source
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.spark.schema import BRONZE
 from rulewatch.spark.session import is_databricks
-from rulewatch.spark.sinks import append_once, per_run
+from rulewatch.spark.sinks import append_once, per_run, sink_name
 
 
 def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int | None = None) -> DataFrame:
@@ -79,7 +79,7 @@ def numbered(batch: DataFrame) -> DataFrame:
 def append(lines: DataFrame, lakehouse: Lakehouse, batch_id: int, layer: str = "bronze") -> bool:
     """Append numbered lines to ``bronze/transactions`` as batch ``batch_id`` of query ``layer``;
     False if an earlier run already did."""
-    return append_once(lines, lakehouse.bronze_transactions, f"rulewatch.{layer}.transactions", batch_id)
+    return append_once(lines, lakehouse.bronze_transactions, sink_name(layer, "transactions"), batch_id)
 
 
 def landed_counts(lakehouse: Lakehouse, lines: int) -> dict:

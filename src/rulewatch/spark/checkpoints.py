@@ -28,9 +28,9 @@ import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
-from rulewatch.spark.metrics import flush_pending, sink_name
+from rulewatch.spark.metrics import flush_pending, sink_name as metrics_sink
 from rulewatch.spark.rules_table import HISTORY_SINK
-from rulewatch.spark.sinks import history_batches
+from rulewatch.spark.sinks import history_batches, sink_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -221,7 +221,7 @@ def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[
     if query in STATEFUL:
         _check_state(checkpoint, committed[-1])
     metrics = lakehouse.pipeline_metrics
-    recorded = max(commits.committed_batches(metrics, sink_name(query)).values(), default=-1)
+    recorded = max(commits.committed_batches(metrics, metrics_sink(query)).values(), default=-1)
     if recorded < committed[-1]:
         raise CheckpointError(
             f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
@@ -269,7 +269,7 @@ def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
         "gold": gold,
     }
     sinks = {
-        query: [(t, f"rulewatch.{query}.") for t in written] + [(lakehouse.pipeline_metrics, sink_name(query))]
+        query: [(t, sink_name(query)) for t in written] + [(lakehouse.pipeline_metrics, metrics_sink(query))]
         for query, written in tables.items()
     }
     sinks["rule_history"] = [(lakehouse.rule_history, HISTORY_SINK)]

@@ -30,7 +30,7 @@ from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.rules_table import ensure_rules_table, rule_change_feed
 from rulewatch.spark.session import session_confs
 from rulewatch.spark.settings import GoldSettings
-from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, together
+from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, sink_name, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -165,7 +165,7 @@ def write_batch(
             (late, lakehouse.late_events, "late_events", counts["late_events"]),
             (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
         ]:
-            writes.append(partial(append_once, frame, path, f"rulewatch.gold.{sink}", batch_id, rows=rows))
+            writes.append(partial(append_once, frame, path, sink_name("gold", sink), batch_id, rows=rows))
             written[lakehouse.name_of(path)] = rows
         if alerts_topic and counts["alerts"]:
             writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
@@ -191,7 +191,7 @@ def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse:
     # After the Delta commit, so a replay re-publishes rather than loses (at least once); the
     # committed rows, so the topic carries the table's decision_time on every replay.
     kafka_alerts.publish(kafka_alerts.committed(spark, lakehouse.alerts, batch_id), topic)
-    crash_point("rulewatch.kafka.alerts", batch_id, "after")
+    crash_point(sink_name("kafka", "alerts"), batch_id, "after")
 
 
 def _counts(out: DataFrame) -> dict[str, Any]:

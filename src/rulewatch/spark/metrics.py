@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
 
+from rulewatch.spark import sinks
 from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.schema import PIPELINE_METRICS
 from rulewatch.spark.sinks import append_once, crash_point, newest_batch
@@ -76,7 +77,7 @@ def metrics_row(layer: str, batch_id: int, started: float, ended: float, **value
 
 def sink_name(query: str) -> str:
     """The sink (append_once's app id) under which ``query``'s rows enter ``pipeline_metrics``."""
-    return f"rulewatch.metrics.{query}"
+    return sinks.sink_name("metrics", query)
 
 
 def record_rows(

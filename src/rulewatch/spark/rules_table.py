@@ -31,12 +31,12 @@ from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 from rulewatch.spark import schema, tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.engine.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
-from rulewatch.spark.sinks import append_once, per_run
+from rulewatch.spark.sinks import append_once, per_run, sink_name
 
 # Delta records this session setting in each commit's ``userMetadata``; apply_rules tags its MERGE
 # with it so the history can name who deleted a rule (a delete leaves no post-image to stamp).
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-HISTORY_SINK = "rulewatch.gold.rule_history"
+HISTORY_SINK = sink_name("gold", "rule_history")
 HISTORY_QUERY = "rulewatch_rule_history"
 _LIMIT_TYPE = schema.RULES["limit"].dataType  # decimal(38, 10)
 

@@ -22,7 +22,7 @@ from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, future_tolerance
-from rulewatch.spark.sinks import append_once, batch_column, per_run, together
+from rulewatch.spark.sinks import append_once, batch_column, per_run, sink_name, together
 
 MAX_AMOUNT = 10**12
 WHITESPACE = " \t\r\n"  # JSON's whitespace
@@ -382,7 +382,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         ]  # fmt: skip
         together([
             partial(append_once, classified.where(F.col("_class") == name).select(*columns), path,
-                    f"rulewatch.{layer}.{sink}", batch_id, rows=counts[name])
+                    sink_name(layer, sink), batch_id, rows=counts[name])
             for name, path, sink, columns in outputs
         ])  # fmt: skip
     finally:

@@ -33,6 +33,12 @@ from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_comm
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
 
+def sink_name(query: str, table: str = "") -> str:
+    """The sink (``append_once``'s app id, a crash point's name) under which query ``query`` writes
+    ``table``: ``rulewatch.<query>.<table>``; with no table, the prefix all of the query's sinks share."""
+    return f"rulewatch.{query}.{table}"
+
+
 def crash_point(sink: str, batch_id: int, moment: str) -> None:
     if os.environ.get(CRASH_AT_ENV) == f"{sink}:{batch_id}:{moment}":
         os.kill(os.getpid(), signal.SIGKILL)
