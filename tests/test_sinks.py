@@ -11,8 +11,20 @@ from urllib.parse import urlparse
 import pytest
 
 from rulewatch.spark.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
-from rulewatch.spark.sinks import append_once, history_batches, per_run, together
+from rulewatch.spark.metrics import metrics_sink
+from rulewatch.spark.rules_table import HISTORY_SINK
+from rulewatch.spark.sinks import append_once, history_batches, per_run, sink_name, together
 from rulewatch.spark.tables import ensure_table, read
+
+
+def test_sink_names_stay_what_existing_tables_and_the_crash_tests_name():
+    # Tables written by earlier versions name their sinks in each commit (userMetadata, txnAppId): a
+    # renamed sink would not see its own committed batches and would append them again on a replay.
+    assert sink_name("gold", "alerts") == "rulewatch.gold.alerts"
+    assert sink_name("ingest", "transactions") == "rulewatch.ingest.transactions"
+    assert sink_name("silver") == "rulewatch.silver."  # the prefix checkpoints.py checks a query's tables by
+    assert metrics_sink("gold") == "rulewatch.metrics.gold"
+    assert HISTORY_SINK == "rulewatch.gold.rule_history"
 
 
 def test_a_commit_names_its_own_batch_and_the_others_it_holds():

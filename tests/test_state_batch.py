@@ -214,10 +214,12 @@ def test_a_key_that_cannot_be_serialised_fails_before_anything_is_sent():
     assert run_with_deadline(lambda: batched.get_many([("ok",)])) == [(b"x",)]
 
 
-# Entries each layout writes in the test below: one per key; two slots each flush; batch: the 400 keys
-# one entry each (nothing stored was read), then the new key as a generation, since the call read every
-# stored key (and each flush's record).
-ROWS_WRITTEN = {"slots=0": 400 + 1, "slots=4": 2 * 4, "batch": 1 + 1 + 1 + 1}  # batch: two generations, two records
+# Entries each layout writes in the test below (a seed key, 400 keys, then the new key with half of
+# them deleted): slots=0 one per written key; slots=4 each touched slot every flush; batch: the seed
+# as a generation (its shard was empty), the 400 keys one entry each (the shard was not empty and
+# nothing stored was read), then the new key as a generation, since the call read most stored keys;
+# and each flush's record.
+ROWS_WRITTEN = {"slots=0": 1 + 400 + 1, "slots=4": 1 + 4 + 4, "batch": 2 + (400 + 1) + 2}
 
 
 @pytest.mark.parametrize("layout", list(ROWS_WRITTEN))
@@ -227,6 +229,8 @@ def test_history_store_state_and_counts_are_the_same_on_both_paths(layout):
         server = StandInServer()
         store = history_store(map_state(server), layout, pipeline)
         assert store.state.pipelined is pipeline
+        store.put_many({"ks\x1fseed": b"seed"})  # a batch-layout shard that is not empty writes per key
+        store.flush()
         first = {f"ks\x1fg{i}": f"blob{i}".encode() * 50 for i in range(400)}
         store.put_many(first)
         store.flush()

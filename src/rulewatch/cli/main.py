@@ -152,7 +152,7 @@ def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
 
 STATE_SLOTS_HELP = (
     "evaluator state layout, fixed per checkpoint: 0 (default) a batch's keys in one entry when it touches or "
-    "reads many (or is its shard's first), else one entry per key; N hashes the keys of a shard into N entries "
+    "reads many (or finds its shard empty), else one entry per key; N hashes the keys of a shard into N entries "
     "(docs/benchmarks.md)"
 )
 

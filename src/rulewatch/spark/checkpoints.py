@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.delta_log import RECOVERY, CheckpointError, actions, committed_batches
-from rulewatch.spark.metrics import flush_pending, sink_name as metrics_sink
+from rulewatch.spark.metrics import flush_pending, metrics_sink
 from rulewatch.spark.rules_table import HISTORY_SINK
 from rulewatch.spark.sinks import history_batches, sink_name
 

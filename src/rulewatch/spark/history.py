@@ -4,7 +4,7 @@ Three layouts, recorded per shard in state (evaluator.ShardEvaluator._open_histo
 it; ``history_store`` builds the one a record names:
 
 - ``batch`` (new shards with ``state_slots = 0``): a handler call that touches many keys, reads
-  many of the keys its shard stores, or is the first to store any, writes the ones it keeps as one
+  many of the keys its shard stores, or finds its shard empty, writes the ones it keeps as one
   entry (a generation); other calls write one entry per key. A one-entry-per-key batch pays one
   state call per written key (~25-35 µs each, pipelined), which is most of a big batch's state time
   (docs/benchmarks.md).
@@ -37,9 +37,9 @@ BATCH = "batch"
 # A call writes a generation when it touches at least this many keys (written, deleted, or dropped
 # as expired before they were ever stored: a backfill over a million keys writes few of the many it
 # touches), when the stored keys it read are at least a quarter of its shard's (the next calls
-# are then likely to read most of a generation too), or when its shard stores nothing yet (a first
-# batch: the same, and one entry per key there cost the 10k-key job ~1 s of its gold, see
-# docs/benchmarks.md); otherwise one entry per key. A generation is read whole for any of its keys,
+# are then likely to read most of a generation too), or when its shard stores nothing (its first
+# batch, or one after every key was purged: the same; one entry per key in a first batch cost the
+# evaluator bench 1-2 s at 10k and 100k keys, docs/benchmarks.md); otherwise one entry per key. A generation is read whole for any of its keys,
 # so a live batch over few of many stored keys, or over keys that come and go, keeps entries per key.
 GENERATION_KEYS = 4096
 GENERATION_SHARE = 4
@@ -244,7 +244,7 @@ class BatchStore(HistoryStore):
                 pending.update(moved)
                 live[gen] -= len(moved)
         written = {key: blob for key, blob in pending.items() if blob is not None}
-        # A shard that stores nothing yet (where is empty) passes the second test.
+        # A shard that stores nothing (where is empty) passes the second test.
         as_generation = touched >= GENERATION_KEYS or len(where) <= len(self._found) * GENERATION_SHARE
         place = self._next if as_generation and written else 0
         writes: list[tuple[str, bytes | None]] = []

@@ -22,10 +22,9 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
 
-from rulewatch.spark import sinks
 from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.schema import PIPELINE_METRICS
-from rulewatch.spark.sinks import append_once, crash_point, newest_batch
+from rulewatch.spark.sinks import append_once, crash_point, newest_batch, sink_name
 from rulewatch.spark.tables import ensure_table
 
 # In a query's checkpoint folder: one file per batch whose rows are not appended yet (Recorder).
@@ -75,9 +74,9 @@ def metrics_row(layer: str, batch_id: int, started: float, ended: float, **value
     return row
 
 
-def sink_name(query: str) -> str:
+def metrics_sink(query: str) -> str:
     """The sink (append_once's app id) under which ``query``'s rows enter ``pipeline_metrics``."""
-    return sinks.sink_name("metrics", query)
+    return sink_name("metrics", query)
 
 
 def record_rows(
@@ -87,7 +86,7 @@ def record_rows(
     (``{query: batch}``): other queries' batches whose rows are among ``rows``."""
     names = PIPELINE_METRICS.fieldNames()
     frame = spark.createDataFrame([tuple(row.get(f) for f in names) for row in rows], PIPELINE_METRICS)
-    append_once(frame, lakehouse.pipeline_metrics, sink_name(query), batch_id, also={sink_name(q): b for q, b in (also or {}).items()})
+    append_once(frame, lakehouse.pipeline_metrics, metrics_sink(query), batch_id, also={metrics_sink(q): b for q, b in (also or {}).items()})
 
 
 class Recorder:
@@ -117,7 +116,7 @@ class Recorder:
             record_rows(spark, self.lakehouse, self.query, batch_id, rows)
             return
         _write_pending(self.lakehouse, self.query, batch_id, rows)
-        crash_point(sink_name(self.query), batch_id, "kept")
+        crash_point(metrics_sink(self.query), batch_id, "kept")
         if time.time() - self._committed >= self.every:
             self.flush(spark)
 
@@ -176,7 +175,7 @@ def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: st
             continue
         if spark is None:
             raise ValueError(f"{folder} holds metrics rows to append first; that needs a SparkSession (spark=...)")
-        committed = newest_batch(spark, lakehouse.pipeline_metrics, sink_name(query))
+        committed = newest_batch(spark, lakehouse.pipeline_metrics, metrics_sink(query))
         new = [path for path in kept if int(path.stem) > committed]
         rows += [row for path in new for row in _read_pending(path)]
         if new:

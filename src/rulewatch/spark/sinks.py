@@ -33,10 +33,11 @@ from rulewatch.spark.delta_log import HISTORY_DEPTH, batch_metadata, newest_comm
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
 
-def sink_name(query: str, table: str = "") -> str:
-    """The sink (``append_once``'s app id, a crash point's name) under which query ``query`` writes
-    ``table``: ``rulewatch.<query>.<table>``; with no table, the prefix all of the query's sinks share."""
-    return f"rulewatch.{query}.{table}"
+def sink_name(writer: str, name: str = "") -> str:
+    """A sink's name (``append_once``'s app id, a crash point's name): ``rulewatch.<writer>.<name>``,
+    e.g. what query ``gold`` appends to ``alerts``, or ``metrics`` with a query's name for its
+    ``pipeline_metrics`` rows; with no name, the prefix all of the writer's sinks share."""
+    return f"rulewatch.{writer}.{name}"
 
 
 def crash_point(sink: str, batch_id: int, moment: str) -> None:
