@@ -39,8 +39,9 @@ BATCH = "batch"
 # touches), when the stored keys it read are at least a quarter of its shard's (the next calls
 # are then likely to read most of a generation too), or when its shard stores nothing (its first
 # batch, or one after every key was purged: the same; one entry per key in a first batch cost the
-# evaluator bench 1-2 s at 10k and 100k keys, docs/benchmarks.md); otherwise one entry per key. A generation is read whole for any of its keys,
-# so a live batch over few of many stored keys, or over keys that come and go, keeps entries per key.
+# evaluator bench 1-3 s at 10k and 100k keys, docs/benchmarks.md); otherwise one entry per key. A
+# generation is read whole for any of its keys, so a live batch over few of many stored keys, or
+# over keys that come and go, keeps entries per key.
 GENERATION_KEYS = 4096
 GENERATION_SHARE = 4
 
