@@ -23,6 +23,13 @@ def cell_text(cell) -> str:
     return "".join(parts)
 
 
+def why_it_failed(stderr: str, limit: int = 6000) -> str:
+    """A failed subprocess's stderr for an assertion message: its errors and their causes without
+    the JVM's stack frames, which would otherwise fill the tail and hide the messages."""
+    lines = [line for line in stderr.splitlines() if not line.lstrip().startswith(("at ", "... "))]
+    return "\n".join(lines)[-limit:]
+
+
 @pytest.fixture(scope="session")
 def spark():
     from rulewatch.spark.session import get_spark

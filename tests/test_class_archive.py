@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import why_it_failed
 from rulewatch.spark import class_archive
 from rulewatch.spark.session import JAVA_OPTIONS
 
@@ -64,7 +65,7 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
         (folder / kept).unlink()
     # Installed means proven: a JVM that must map it (-Xshare:on) starts and runs a query.
     check = class_archive.prove(target, JAVA_OPTIONS, home)
-    assert check.returncode == 0, check.stderr[-2000:]
+    assert check.returncode == 0, why_it_failed(check.stderr)
 
     # As if the dumping JVM had died mid-write: its first MB is all there is. The real check must refuse it.
     whole = target.read_bytes()

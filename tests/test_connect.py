@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import PENDING
 from test_crash import metrics_commits
@@ -24,7 +24,7 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
          "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, why_it_failed(result.stderr)
     assert "bronze = silver + quarantined + duplicates: ok" in result.stdout
     per_rule = Counter(a["rule_id"] for a in expected_alerts)
     for rule_id, count in per_rule.items():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.cli import jobs
 from rulewatch.cli.main import build_parser, main
 from rulewatch.spark.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
@@ -323,7 +323,7 @@ def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
                "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, why_it_failed(done.stderr)
     assert "alerts           10" in done.stdout and "gold: done" in done.stdout
     output = done.stdout + done.stderr
     assert "TransformWithStateInPandas" not in output and "setLogLevel" not in output

@@ -31,6 +31,7 @@ from pyspark.sql.streaming.stateful_processor import MapState
 from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from conftest import why_it_failed
 from rulewatch.spark import history, schema, state_batch
 from rulewatch.spark.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.gold import GoldSettings, start_gold
@@ -452,7 +453,7 @@ print("PROBE", sorted(tuple(r) for r in spark.table("probe").collect()))
 def test_spark_python_workers_take_the_pipelined_path(remote):
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_REMOTE"} | ({"RULEWATCH_REMOTE": remote} if remote else {})
     result = subprocess.run([sys.executable, "-c", WORKER_PROBE], env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, why_it_failed(result.stderr)
     # Pipelined wherever this pyspark's internals pass the module's check (4.2 on); correct either way.
     pipelined = state_batch._module_problem() is None
     assert f"PROBE [{', '.join([f'({pipelined}, True)'] * 3)}]" in result.stdout, result.stdout[-2000:]
