@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
+from conftest import bronze_frame
 from rulewatch.spark import bronze
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.spark.lakehouse import Lakehouse
@@ -155,6 +157,24 @@ def test_the_audit_answers_from_its_record_of_what_bronze_read(spark, layered):
     record.write_text('{"through_ms": ', encoding="utf-8")  # cut short: all of bronze is read again
     assert audit(spark, lakehouse, str(landing), "bronze", time.time()).problems == second.landing.problems
     assert json.loads(record.read_text(encoding="utf-8"))["through_ms"] == newest
+
+
+def test_a_batch_whose_observed_line_count_never_came_back_is_counted_again(spark, tmp_path, monkeypatch):
+    # A Spark Connect server sends an observation's values only if it completed before the write's
+    # answer; without them the metrics row must still count every line, and nothing else changes.
+    class Unanswered(Observation):
+        @property
+        def get(self):
+            return {}
+
+    monkeypatch.setattr(bronze, "Observation", Unanswered)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_all_tables(spark, lakehouse)
+    lines = bronze_frame(spark, [_payment(f"t{i}", T0 + timedelta(minutes=i)) for i in range(3)])
+    bronze.write_batch(lines, 0, lakehouse, Recorder(lakehouse, "bronze"))
+    metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).collect()
+    assert [(m.layer, m.batch_id, m.rows_in, m.rows_out) for m in metrics] == [("bronze", 0, 3, 3)]
+    assert spark.read.format("delta").load(lakehouse.bronze_transactions).count() == 3
 
 
 def test_a_file_listed_but_gone_before_it_was_read_is_reported(spark, tmp_path):

@@ -100,9 +100,12 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder:
     # The append counts the lines as it writes them: a count of its own read the whole batch once
     # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/benchmarks.md).
     counted = Observation()
-    if append(numbered(batch).observe(counted, F.count(F.lit(1)).alias("lines")), lakehouse, batch_id):
-        count = counted.get["lines"]
-    else:  # a replay of a batch whose append committed: the count is only needed for the metrics row
+    appended = append(numbered(batch).observe(counted, F.count(F.lit(1)).alias("lines")), lakehouse, batch_id)
+    # None after a replay of a batch whose append committed, and under Spark Connect when the server
+    # answered before the observation completed (it then sends no values: 4.2's ExecuteThreadRunner
+    # does not wait for them). The count is only needed for the metrics row: read the batch again.
+    count = counted.get.get("lines") if appended else None
+    if count is None:
         count = batch.count()
     recorder.record(batch.sparkSession, batch_id, started, **landed_counts(lakehouse, count))
 
