@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -13,6 +14,7 @@ import pytest
 from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import PENDING
+from rulewatch.spark.session import LOCAL_CONNECT_PORT
 from test_crash import metrics_commits
 
 
@@ -37,3 +39,26 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
     assert layers == {"bronze": 1, "silver": 1, "gold": 1}
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
     assert metrics_commits(lakehouse) == [{"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}]
+
+
+def test_a_taken_connect_port_is_named_with_the_fix(tmp_path):
+    # Held by "another program" (this test) the way a stray server would hold it; if something
+    # already holds it, the run meets the same busy port.
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", LOCAL_CONNECT_PORT))
+        holder.listen()
+    except OSError:
+        pass
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lakehouse"),
+             "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
+            cwd=ROOT, env={**os.environ, "RULEWATCH_REMOTE": "local[2]"}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    assert result.returncode == 2, why_it_failed(result.stderr)
+    assert f"port {LOCAL_CONNECT_PORT}" in result.stderr and "RULEWATCH_REMOTE=sc://localhost" in result.stderr
+    assert "Traceback" not in result.stderr and "BindException" not in result.stderr

@@ -252,6 +252,7 @@ USER_ERRORS = {
     "rulewatch.spark.lakehouse": ("LakehouseBusy", "LakehouseUnwritable"),
     "rulewatch.spark.landing": ("LandingError",),
     "rulewatch.spark.delta_log": ("CheckpointError",),
+    "rulewatch.spark.session": ("ConnectPortBusy",),
     "rulewatch.kafka.client": ("KafkaConfigError",),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import threading
 import warnings
@@ -118,6 +119,29 @@ def foreach_batch_runs_here(spark: SparkSession) -> bool:
     return not connect or os.environ.get("RULEWATCH_REMOTE", "").startswith("local")
 
 
+# pyspark's local Connect mode (RULEWATCH_REMOTE=local[...]) starts its server on this port and dials it.
+LOCAL_CONNECT_PORT = 15002
+
+
+class ConnectPortBusy(RuntimeError):
+    """The port a local Spark Connect server needs is taken by another program."""
+
+
+def _check_connect_port(remote: str) -> None:
+    # Otherwise the server's start fails deep in the JVM with a BindException and a Py4J trace.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # A closed server's connections left in TIME_WAIT do not block it; only a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", LOCAL_CONNECT_PORT))
+        except OSError as err:
+            raise ConnectPortBusy(
+                f"RULEWATCH_REMOTE={remote} starts a local Spark Connect server on port {LOCAL_CONNECT_PORT}, "
+                f"which another program holds ({err.strerror}); stop it (`ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` "
+                f"names it), or, if it is a Connect server, use it with RULEWATCH_REMOTE=sc://localhost:{LOCAL_CONNECT_PORT}"
+            ) from None
+
+
 def get_spark(app_name: str = "rulewatch") -> SparkSession:
     """Return the active session (Databricks, Connect, tests) or build the local one.
 
@@ -136,6 +160,8 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     # Spark Connect (as on Databricks serverless): "local[2]" starts a local Connect server with the
     # same settings; an "sc://..." URL connects to a running one.
     if remote:
+        if remote.startswith("local"):
+            _check_connect_port(remote)
         # The local Connect server takes these at start-up; the client then also tries to set them
         # as session confs and warns that static ones cannot change. Nothing is wrong: hush it.
         warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
