@@ -1,6 +1,7 @@
 """sinks: a batch's table writes run at once, and a failure surfaces only after all ended; each
 append happens once per (sink, batch), checked only where a run can repeat a batch."""
 
+import gc
 import json
 import threading
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from pyspark.util import disable_gc
 
 from rulewatch.spark.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
 from rulewatch.spark.metrics import metrics_sink
@@ -62,6 +64,31 @@ def test_a_failed_write_is_raised_after_the_others_have_committed():
         together([fails, slow])
     # A replay must not start while a write of the failed batch is still running.
     assert committed == ["window_metrics"]
+
+
+def test_a_connect_call_ending_in_one_write_leaves_the_collector_off_in_the_others():
+    # The order that turned the collector back on under a call still running: the first call in
+    # (which found it on) ends while the second (which found it off) is still inside.
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with disable_gc():  # what pyspark's Connect client does around each call to the server
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with disable_gc():
+            second_in.set()
+            first_out.wait(5)
+            seen["collector on mid-call"] = gc.isenabled()
+
+    assert gc.isenabled()
+    together([first, second])
+    assert seen == {"collector on mid-call": False}
+    assert gc.isenabled()  # and back on once every write has ended
 
 
 def test_one_write_runs_in_the_calling_thread():

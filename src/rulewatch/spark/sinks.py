@@ -13,11 +13,13 @@ check and checkpoints.py read.
 from __future__ import annotations
 
 import contextvars
+import gc
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -125,6 +127,23 @@ def batch_column(name: str, batch_id: int) -> Column:
     return F.lit(batch_id).cast("long").alias(name)
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's garbage collector off until the block ends, then back as it was.
+
+    pyspark's Spark Connect client turns the collector off around each call to the server (a
+    collection in mid-call can run finalizers that call the server again: a deadlock) and back on
+    afterwards, if it was on: with calls in several threads, the first to finish turns it on under
+    the others (SPARK-55020). Off for the whole block, every call finds it off and leaves it so."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def together(writes: Sequence[Callable[[], None]]) -> None:
     """Run independent writes to different tables (one batch's appends, a layer's table creations)
     at the same time, and return when all have ended.
@@ -134,13 +153,13 @@ def together(writes: Sequence[Callable[[], None]]) -> None:
     well even on two cores. Every write is idempotent on its own (``append_once``, ``CREATE TABLE
     IF NOT EXISTS``), so a crash with some committed and some not leaves a batch its replay
     completes. The first failure is raised after the others have ended: a replay must not race a
-    write still running.
+    write still running. The garbage collector waits until they have all ended (``_collector_paused``).
     """
     if len(writes) <= 1:
         for write in writes:
             write()
         return
-    with ThreadPoolExecutor(max_workers=len(writes), thread_name_prefix="rulewatch-sink") as pool:
+    with _collector_paused(), ThreadPoolExecutor(max_workers=len(writes), thread_name_prefix="rulewatch-sink") as pool:
         # Each in a copy of this thread's context: a write must know whether its batch may repeat (per_run).
         futures = [pool.submit(contextvars.copy_context().run, write) for write in writes]
     for future in futures:  # the pool has waited for every one
