@@ -9,7 +9,8 @@ import pytest
 
 from conftest import why_it_failed
 from rulewatch.spark import class_archive
-from rulewatch.spark.session import JAVA_OPTIONS
+from rulewatch.spark.jars import java_binary
+from rulewatch.spark.session import JAVA_OPTIONS, collector_option
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -83,3 +84,19 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
     monkeypatch.setattr(class_archive, "_submit", dump_cut_short)
     assert class_archive.build(JAVA_OPTIONS, quiet=True) is None
     assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("chosen", ["", "-XX:+UseG1GC", "-XX:+UseSerialGC"])
+def test_the_jvm_starts_whatever_collector_the_environment_chose(chosen: str) -> None:
+    # The session picks the parallel collector unless JAVA_TOOL_OPTIONS already picked one:
+    # a JVM given two refuses to start.
+    java = java_binary()
+    assert java is not None
+    env = {"JAVA_TOOL_OPTIONS": chosen}
+    option = collector_option(env)
+    assert (option == "") == bool(chosen)
+    run = subprocess.run([str(java), *option.split(), "-version"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    if chosen:
+        both = subprocess.run([str(java), "-XX:+UseParallelGC", "-version"], env=env, capture_output=True, text=True, timeout=60)
+        assert both.returncode != 0 and "Multiple garbage collectors" in both.stdout + both.stderr  # what the guard avoids

@@ -62,3 +62,20 @@ def test_a_taken_connect_port_is_named_with_the_fix(tmp_path):
     assert result.returncode == 2, why_it_failed(result.stderr)
     assert f"port {LOCAL_CONNECT_PORT}" in result.stderr and "RULEWATCH_REMOTE=sc://localhost" in result.stderr
     assert "Traceback" not in result.stderr and "BindException" not in result.stderr
+
+
+def test_another_thread_of_the_process_gets_its_local_connect_session():
+    # A Connect session is active per thread: another thread (a notebook's helper, a sink's pool)
+    # finds none and builds again, and must reach the server this process holds port 15002 with.
+    script = (
+        "import threading\n"
+        "from rulewatch.spark.session import get_spark\n"
+        "assert get_spark().range(3).count() == 3\n"
+        "seen = []\n"
+        "thread = threading.Thread(target=lambda: seen.append(get_spark().range(2).count()))\n"
+        "thread.start(); thread.join()\n"
+        "assert seen == [2], seen\n"
+    )
+    env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, why_it_failed(result.stderr)

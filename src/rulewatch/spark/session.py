@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,12 +59,25 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 
+def collector_option(environ: Mapping[str, str]) -> str:
+    """The parallel collector, not G1, because a batch job on two cores wants throughput: G1's
+    concurrent work takes a core from the tasks (silver on 1M lines ~10 % faster, docs/benchmarks.md,
+    "The JVM's collector"). None if the environment's JVM options already choose one: the JVM
+    refuses to start with two."""
+    given = " ".join(environ.get(name, "") for name in ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"))
+    return "" if re.search(r"-XX:\+Use\w*GC\b", given) else "-XX:+UseParallelGC"
+
+
 # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
-# then runs interpreted: letting the JIT take it makes the parse ~1.6x faster. The parallel
-# collector, not G1, because a batch job on two cores wants throughput: G1's concurrent work takes
-# a core from the tasks (silver on 1M lines ~10 % faster, docs/benchmarks.md, "The JVM's collector").
-JAVA_OPTIONS = (
-    f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')} -XX:-DontCompileHugeMethods -XX:+UseParallelGC"
+# then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/benchmarks.md).
+JAVA_OPTIONS = " ".join(
+    option
+    for option in (
+        f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')}",
+        "-XX:-DontCompileHugeMethods",
+        collector_option(os.environ),
+    )
+    if option
 )
 
 
@@ -160,7 +173,9 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     # Spark Connect (as on Databricks serverless): "local[2]" starts a local Connect server with the
     # same settings; an "sc://..." URL connects to a running one.
     if remote:
-        if remote.startswith("local"):
+        # Not once this process runs the server (pyspark marks it so; another thread has no active
+        # session and gets it again), nor under pyspark's tests, which give the server a free port.
+        if remote.startswith("local") and not {"SPARK_LOCAL_REMOTE", "SPARK_TESTING"} & os.environ.keys():
             _check_connect_port(remote)
         # The local Connect server takes these at start-up; the client then also tries to set them
         # as session confs and warns that static ones cannot change. Nothing is wrong: hush it.
