@@ -62,7 +62,7 @@ LOCAL_CONF: dict[str, str] = {
 def collector_option(environ: Mapping[str, str]) -> str:
     """The parallel collector, not G1, because a batch job on two cores wants throughput: G1's
     concurrent work takes a core from the tasks (silver on 1M lines ~10 % faster, docs/benchmarks.md,
-    "The JVM's collector"). None if the environment's JVM options already choose one: the JVM
+    "The JVM's collector"). Empty if the environment's JVM options already choose one: the JVM
     refuses to start with two."""
     given = " ".join(environ.get(name, "") for name in ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"))
     return "" if re.search(r"-XX:\+Use\w*GC\b", given) else "-XX:+UseParallelGC"
