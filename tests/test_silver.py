@@ -97,6 +97,17 @@ def test_good_lines_are_typed_exactly(spark):
 
 
 
+def test_numbers_in_text_fields_are_read_as_their_value(spark):
+    # Fields come from the variant parse: a number's value, not a double's rendering of it.
+    rows = _parse(spark, [_line(transactionId=123), _line(transactionId=1000.0), _line(eventTime=1793527200000.0),
+                          _line(transactionId=12345678901234567890123), _line().replace("1793527200000", "1.7935272e12")])  # fmt: skip
+    assert [r.reasons for r in rows[:4]] == [[], [], [], []]
+    assert [r.transaction_id for r in rows[:4]] == ["123", "1000", "t1", "12345678901234567890123"]
+    assert rows[2].event_time == datetime(2026, 11, 1, 10, 0)
+    # An exponent is no epoch: the time is refused, not rounded.
+    assert rows[4].reasons == ["unparsable eventTime '1.7935272E12' (expected epoch milliseconds or an ISO-8601 date and time)"]
+
+
 def _classify(spark, lakehouse, batch_id: int, lines: list[str]) -> dict[str, int]:
     now = datetime(2026, 11, 1, 12, tzinfo=timezone.utc)
     bronze = bronze_frame(spark, lines, f"b{batch_id}.jsonl", now)

@@ -69,7 +69,7 @@ def _variant(name: str) -> Column:
 
 
 def _json_type(name: str) -> Column:
-    # from_json hands an object or array back as its JSON text; the variant parse (``v``) tells them apart.
+    # A field's text (``_fields``) holds an object or array as its JSON text; the variant's type tells them apart.
     return F.split(F.schema_of_variant(_variant(name)), "<")[0]
 
 
@@ -77,10 +77,10 @@ def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
     """Text fields given as an object, array or boolean (numbers are fine as ids: 123 is "123").
 
     ``flat``: the line has no nested object or array (``_flat_object``)."""
-    # Only text that could be one (from_json hands an object, array or boolean over as its JSON
-    # text), and then only in a line that could hold one, pays for the variant's type. The field's
-    # own test comes first: Spark's AND skips its right side when the left is false, and the line
-    # test scans the whole line twice (docs/benchmarks.md, "Silver's per-line tests in order").
+    # Only text that could be one (an object, array or boolean arrives as its JSON text), and then
+    # only in a line that could hold one, pays for the variant's type. The field's own test comes
+    # first: Spark's AND skips its right side when the left is false, and the line test scans the
+    # whole line twice (docs/benchmarks.md, "Silver's per-line tests in order").
     maybe = ~flat | F.col("value").contains("true") | F.col("value").contains("false")
     suspect = {
         f: F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False)) & maybe
@@ -191,8 +191,8 @@ def _amount_good(text: Column, kind: Column, exact: Column) -> Column:
 def _amount_checks(value: Column, text: Column, kind: Column, exact: Column, good: Column) -> tuple[Column, list[tuple[Column, Column]]]:
     """The typed amount and its checks, from the variant's text of it so the digits are exactly as sent.
 
-    (Spark's JSON reader hands a number over as a double's text: 10.000000000000000000001 becomes
-    "10.0" and would pass the cents check.) ``kind`` is the variant's type of the amount,
+    (Spark's JSON reader would hand a number over as a double's text: 10.000000000000000000001
+    becomes "10.0" and would pass the cents check.) ``kind`` is the variant's type of the amount,
     ``exact`` its text as decimal(38, 10) and ``good`` ``_amount_good`` of them, a column of its own:
     the checks and the typed amount both read it, and inlined it was evaluated for each.
     """
@@ -217,6 +217,29 @@ def _amount_checks(value: Column, text: Column, kind: Column, exact: Column, goo
     return amount, checks
 
 
+# The fields as text, read from the line's variant in one pass (a cast to this struct). A number
+# becomes its value's text: 123 is "123", 1000.0 is "1000" (the variant keeps no trailing zeros).
+FIELDS_STRUCT = "struct<" + ", ".join(f"{name}: string" for name in schema.RAW_FIELDS) + ">"
+
+
+def _fields(variant: Column, flat: Column, cast: Column) -> Column:
+    """The line's fields as ``schema.RAW_SCHEMA``'s struct, each as text, with ``_corrupt_record``
+    set when the line is not one JSON object.
+
+    ``cast``: the variant cast to ``FIELDS_STRUCT``, a column of its own (Spark moves a field's
+    read into each branch of this conditional, where an inlined cast ran once per field: 1M lines
+    20 s against 7 s). A line the variant parser read as an object takes its fields from it,
+    which costs less than the second parse by Spark's JSON reader every line paid before
+    (docs/benchmarks.md). Only another line (refused by the variant parser, or not an object) is
+    read by that reader, whose corrupt-record column tells malformed JSON from a duplicate key,
+    which only the variant parser refuses.
+    """
+    # The variant's type is read only for a line that is not flat (``{...}`` with no other bracket).
+    is_object = variant.isNotNull() & (flat | F.schema_of_variant(variant).startswith("OBJECT"))
+    from_variant = F.struct(*[cast[name].alias(name) for name in schema.RAW_FIELDS], F.lit(None).cast("string").alias("_corrupt_record"))
+    return F.when(is_object, from_variant).otherwise(F.from_json(F.col("value"), schema.RAW_SCHEMA, JSON_OPTIONS))
+
+
 def parse(bronze: DataFrame) -> DataFrame:
     """Bronze rows -> typed columns plus ``reasons``: an array of every check the row failed.
 
@@ -225,12 +248,13 @@ def parse(bronze: DataFrame) -> DataFrame:
     allowed_types = payment_types()
     # In stages, each value a later check reads more than once computed once: inlined, Spark
     # evaluates an expression again at each use inside a conditional (the line's skeleton six times).
-    parsed = bronze.withColumns({"j": F.from_json("value", schema.RAW_SCHEMA, JSON_OPTIONS), "v": F.expr("try_parse_json(value)")})
+    parsed = bronze.withColumns({"v": F.expr("try_parse_json(value)"), "_flat": _flat_object(F.col("value"))})
+    parsed = parsed.withColumn("_cast", F.try_variant_get(F.col("v"), "$", FIELDS_STRUCT))
+    parsed = parsed.withColumn("j", _fields(F.col("v"), F.col("_flat"), F.col("_cast")))
     event_time_text = _text("eventTime")
     parsed = parsed.withColumns({
         "_epoch": event_time_text.rlike(EPOCH_MS),
-        "_flat": _flat_object(F.col("value")),
-        "_amount_text": F.try_variant_get(F.col("v"), "$.paymentAmount", "string"),
+        "_amount_text": _text("paymentAmount"),
         "_amount_kind": F.schema_of_variant(_variant("paymentAmount")),
         "_id": F.trim(_text("transactionId")),
     })  # fmt: skip
