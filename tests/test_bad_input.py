@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pytest
 from pyspark.sql import functions as F
@@ -17,6 +18,7 @@ from pyspark.sql import functions as F
 from conftest import FIXTURES, bronze_frame
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.pipeline import Summary, run_all
+from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV
 from rulewatch.spark.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
 
 T0 = 1793527200000  # 2026-11-01T10:00:00Z
@@ -147,6 +149,17 @@ def test_the_payment_types_are_data(spark, monkeypatch):
     assert parse(bronze).first().reasons == ["unknown paymentType 'WIRE' (allowed: CRD, CSH)"]
     monkeypatch.setenv(PAYMENT_TYPES_ENV, "CSH, CRD, WIRE")
     assert parse(bronze).first().reasons == []
+
+
+def test_the_future_tolerance_applies_to_the_next_parse(spark, monkeypatch):
+    # parse reuses its columns between calls (built once per setting): a changed setting must still count.
+    ingested = datetime.fromtimestamp(T0 / 1000, timezone.utc)
+    bronze = bronze_frame(spark, [_payment("ahead", 10)], ingest_time=ingested)
+    assert parse(bronze).first().reasons == [f"eventTime '{T0 + 10 * MINUTE}' is more than 5m after its ingest time"]
+    monkeypatch.setenv(FUTURE_TOLERANCE_ENV, "15m")
+    assert parse(bronze).first().reasons == []
+    monkeypatch.setenv(FUTURE_TOLERANCE_ENV, "1m")
+    assert parse(bronze).first().reasons == [f"eventTime '{T0 + 10 * MINUTE}' is more than 1m after its ingest time"]
 
 
 def test_an_empty_landing_folder_runs_with_zero_rows(spark, tmp_path):

@@ -245,21 +245,50 @@ def parse(bronze: DataFrame) -> DataFrame:
 
     A line that is not one strict JSON object (or not UTF-8) gets only that cause as its reason.
     """
-    allowed_types = payment_types()
+    stages, output = _parse_plan(bronze.sparkSession)
+    parsed = bronze
+    for stage in stages:
+        parsed = parsed.withColumns(stage)
+    return parsed.select(*output)
+
+
+# parse's columns: the stages added one after another (each may read the ones before), then its output.
+ParsePlan = tuple[list[dict[str, Column]], list[Column | str]]
+# (session kind, payment types, future tolerance) -> the plan built for them.
+_PLANS: dict[tuple[str, tuple[str, ...], str], ParsePlan] = {}
+
+
+def _parse_plan(spark: SparkSession) -> ParsePlan:
+    """``parse``'s columns, stage by stage, and its output, built once per configuration.
+
+    Building them is ~4,400 calls into the JVM (0.4-0.6 s of a live ingest batch's ~3 s alone,
+    twice that beside gold: docs/benchmarks.md); they are unresolved expressions, so every batch
+    can reuse them. Keyed by what they read from the environment, and by the session's kind: a
+    classic session's columns are JVM objects that a Spark Connect plan cannot carry.
+    """
+    key = (type(spark).__module__, tuple(payment_types()), future_tolerance())
+    if key not in _PLANS:
+        _PLANS[key] = _build_parse_plan(list(key[1]))
+    return _PLANS[key]
+
+
+def _build_parse_plan(allowed_types: list[str]) -> ParsePlan:
     # In stages, each value a later check reads more than once computed once: inlined, Spark
     # evaluates an expression again at each use inside a conditional (the line's skeleton six times).
-    parsed = bronze.withColumns({"v": F.expr("try_parse_json(value)"), "_flat": _flat_object(F.col("value"))})
-    parsed = parsed.withColumn("_cast", F.try_variant_get(F.col("v"), "$", FIELDS_STRUCT))
-    parsed = parsed.withColumn("j", _fields(F.col("v"), F.col("_flat"), F.col("_cast")))
+    stages: list[dict[str, Column]] = [
+        {"v": F.expr("try_parse_json(value)"), "_flat": _flat_object(F.col("value"))},
+        {"_cast": F.try_variant_get(F.col("v"), "$", FIELDS_STRUCT)},
+        {"j": _fields(F.col("v"), F.col("_flat"), F.col("_cast"))},
+    ]
     event_time_text = _text("eventTime")
-    parsed = parsed.withColumns({
+    stages.append({
         "_epoch": event_time_text.rlike(EPOCH_MS),
         "_amount_text": _text("paymentAmount"),
         "_amount_kind": F.schema_of_variant(_variant("paymentAmount")),
         "_id": F.trim(_text("transactionId")),
     })  # fmt: skip
     epoch = F.col("_epoch")
-    parsed = parsed.withColumns({
+    stages.append({
         "_event_time": F.when(epoch, F.timestamp_millis(event_time_text.cast("long"))).when(
             event_time_text.rlike(ISO_DATE_TIME), F.expr("try_cast(j.eventTime AS timestamp)")
         ),
@@ -267,7 +296,7 @@ def parse(bronze: DataFrame) -> DataFrame:
         "_skeleton": F.when(~F.col("_flat"), F.trim(_skeleton(F.col("value")), F.lit(WHITESPACE))),
     })  # fmt: skip
     amount_text, kind, exact = F.col("_amount_text"), F.col("_amount_kind"), F.col("_amount_exact")
-    parsed = parsed.withColumn("_amount_good", _amount_good(amount_text, kind, exact))
+    stages.append({"_amount_good": _amount_good(amount_text, kind, exact)})
     event_time = F.col("_event_time")
     amount, amount_checks = _amount_checks(F.col("value"), amount_text, kind, exact, F.col("_amount_good"))
     not_utf8 = F.col("value_bytes").isNotNull()
@@ -300,7 +329,7 @@ def parse(bronze: DataFrame) -> DataFrame:
     failed = F.array_except(F.array(*[F.when(cond, msg) for cond, msg in checks]), F.array(F.lit(None).cast("string")))
     # Both as columns of their own: the cause is then computed once, and the checks outside a
     # conditional, where Spark shares their common parts (1M lines: 18-19 s -> 13 s, docs/benchmarks.md).
-    parsed = parsed.withColumns({"_cause": cause, "_failed": failed})
+    stages.append({"_cause": cause, "_failed": failed})
     reasons = F.when(F.col("_cause").isNotNull(), F.array(F.col("_cause"))).otherwise(F.col("_failed"))
     typed = [
         F.col("_id").alias("transaction_id"),
@@ -308,7 +337,7 @@ def parse(bronze: DataFrame) -> DataFrame:
         amount.alias("payment_amount"),
         *[_text(f).alias(c) for f, c in schema.FIELD_COLUMNS.items() if c not in ("transaction_id", "payment_amount")],
     ]
-    return parsed.select("value", "source_file", "ingest_time", "ingest_seq", *typed, reasons.alias("reasons"))
+    return stages, ["value", "source_file", "ingest_time", "ingest_seq", *typed, reasons.alias("reasons")]
 
 
 def dedup_horizon_ms() -> int:
