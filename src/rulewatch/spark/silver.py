@@ -262,8 +262,7 @@ def _parse_plan(spark: SparkSession) -> ParsePlan:
     """``parse``'s columns, stage by stage, and its output, built once per configuration.
 
     Building them is ~4,400 calls into the JVM (0.4-0.6 s of a live ingest batch's ~3 s alone,
-    twice that beside gold: docs/benchmarks.md); they are unresolved expressions, so every batch
-    can reuse them. Keyed by what they read from the environment, and by the session's kind: a
+    docs/benchmarks.md); they are unresolved expressions, so every batch can reuse them. Keyed by what they read from the environment, and by the session's kind: a
     classic session's columns are JVM objects that a Spark Connect plan cannot carry.
     """
     key = (type(spark).__module__, tuple(payment_types()), future_tolerance())
