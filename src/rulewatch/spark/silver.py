@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -163,8 +163,7 @@ def _one_object(skeleton: Column, parsed: Column) -> Column:
     return skeleton.startswith("{") & skeleton.endswith("}") & same_brackets
 
 
-def _event_time_checks(text: Column, event_time: Column, epoch: Column) -> list[tuple[Column, Column]]:
-    tolerance = future_tolerance()
+def _event_time_checks(text: Column, event_time: Column, epoch: Column, tolerance: str) -> list[tuple[Column, Column]]:
     quoted = F.concat(F.lit("eventTime '"), text, F.lit("'"))
     return [
         (text.isNull(), F.lit("missing eventTime")),
@@ -254,24 +253,21 @@ def parse(bronze: DataFrame) -> DataFrame:
 
 # parse's columns: the stages added one after another (each may read the ones before), then its output.
 ParsePlan = tuple[list[dict[str, Column]], list[Column | str]]
-# (session kind, payment types, future tolerance) -> the plan built for them.
-_PLANS: dict[tuple[str, tuple[str, ...], str], ParsePlan] = {}
 
 
 def _parse_plan(spark: SparkSession) -> ParsePlan:
-    """``parse``'s columns, stage by stage, and its output, built once per configuration.
+    """``parse``'s columns, stage by stage, and its output, for the settings in the environment now.
 
     Building them is ~4,400 calls into the JVM (0.4-0.6 s of a live ingest batch's ~3 s alone,
-    docs/benchmarks.md); they are unresolved expressions, so every batch can reuse them. Keyed by what they read from the environment, and by the session's kind: a
-    classic session's columns are JVM objects that a Spark Connect plan cannot carry.
+    docs/benchmarks.md); they are unresolved expressions, so every batch can reuse them.
     """
-    key = (type(spark).__module__, tuple(payment_types()), future_tolerance())
-    if key not in _PLANS:
-        _PLANS[key] = _build_parse_plan(list(key[1]))
-    return _PLANS[key]
+    return _built_parse_plan(type(spark).__module__, tuple(payment_types()), future_tolerance())
 
 
-def _build_parse_plan(allowed_types: list[str]) -> ParsePlan:
+@cache
+def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], tolerance: str) -> ParsePlan:
+    """Built once per session kind (a classic session's columns are JVM objects that a Spark Connect
+    plan cannot carry) and per setting they read."""
     # In stages, each value a later check reads more than once computed once: inlined, Spark
     # evaluates an expression again at each use inside a conditional (the line's skeleton six times).
     stages: list[dict[str, Column]] = [
@@ -314,7 +310,7 @@ def _build_parse_plan(allowed_types: list[str]) -> ParsePlan:
     ]
     checks: list[tuple[Column, Column]] = [
         (F.coalesce(F.col("_id"), F.lit("")) == "", F.lit("missing transactionId")),
-        *_event_time_checks(event_time_text, event_time, epoch),
+        *_event_time_checks(event_time_text, event_time, epoch, tolerance),
         *amount_checks,
         (
             _text("paymentType").isNotNull() & ~_text("paymentType").isin(*allowed_types),
