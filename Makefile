@@ -36,11 +36,11 @@ test: setup setup-spark40 browser
 VENV40 := .venv-spark40
 STAMP40 := $(VENV40)/.rulewatch-installed
 # The layers through Spark (silver's checks, gold's alerts against the fixtures' expected ones, the
-# packing of rows for the evaluator) and which state path the Python workers take; the engine's own
-# tests are plain Python and need no second run.
+# packing of rows for the evaluator), which state path the Python workers take and the session's file
+# settings (a class they name moved after 4.0); the engine's own tests are plain Python and need no second run.
 # The state path on classic Spark only: pyspark 4.0's Spark Connect client has no
 # transformWithStateInPandas (it came to Connect in 4.1), so Connect runs on the main leg alone.
-SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py \
+SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py tests/test_session.py \
 	tests/test_packing.py tests/test_state_batch.py::test_spark_python_workers_take_the_pipelined_path[classic]
 
 setup-spark40: $(STAMP40)

@@ -12,12 +12,14 @@ import os
 import pickle
 import random
 import select
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from unittest import mock
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -60,7 +62,10 @@ class StandInServer:
         # A Unix socket where pyspark's client speaks it (4.1 on): TCP with tiny buffers is slowed by
         # ACK timing. pyspark 4.0's client only connects to a TCP port on localhost.
         if UNIX_SOCKETS:
-            self.path = os.path.join(tempfile.mkdtemp(prefix="rulewatch-state-"), "server.sock")
+            folder = tempfile.mkdtemp(prefix="rulewatch-state-")
+            # Removed when the server is collected or, at the latest, when the test process exits.
+            weakref.finalize(self, shutil.rmtree, folder, True)
+            self.path = os.path.join(folder, "server.sock")
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.listener.bind(self.path)
         else:
@@ -415,6 +420,7 @@ def test_a_changed_internal_signature_falls_back(monkeypatch):
 # Runs in its own process so that it can also be a Spark Connect client. The processor lives in
 # __main__, so it travels to the Python workers by value.
 WORKER_PROBE = """
+import shutil
 import tempfile
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
@@ -445,6 +451,7 @@ out = events.groupBy("g").transformWithStateInPandas(Probe(), "pipelined boolean
 query = out.writeStream.format("memory").queryName("probe").option("checkpointLocation", root + "/cp").trigger(availableNow=True).start()
 query.awaitTermination()
 print("PROBE", sorted(tuple(r) for r in spark.table("probe").collect()))
+shutil.rmtree(root)
 """
 
 

@@ -8,13 +8,15 @@ import socket
 import sys
 import threading
 import warnings
+import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from rulewatch.spark.class_archive import archive_options
+from rulewatch.spark.class_archive import SPARK_HOME, archive_options
 from rulewatch.spark.jars import fetch_spark_jars
 from rulewatch.spark import worker_daemon
 from rulewatch.spark.widgets import repository_root
@@ -57,6 +59,40 @@ LOCAL_CONF: dict[str, str] = {
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
 }
+
+
+# Hadoop's local file system starts a process for each file it creates (`chmod`) and, through its
+# FileContext API, for each rename (`readlink`, twice or more) unless Hadoop's native library is
+# loaded, which pip's pyspark does not ship: ~3-5 ms each here. FileContext is how Spark writes
+# streaming checkpoints (offsets, commits, state store files) and Delta its log on file paths by
+# default; through the FileSystem API a rename starts none (the fixture job: 578 processes ->
+# 253, docs/benchmarks.md). Either way a rename checks that its target is absent, then renames:
+# neither is atomic across processes on a local disk; Delta's LocalLogStore adds a lock within one.
+CHECKPOINT_MANAGER = "FileSystemBasedCheckpointFileManager"
+
+
+@cache
+def _checkpoint_manager_class() -> str | None:
+    """The checkpoint manager's full name in this Spark (its package moved after 4.0), or None."""
+    for jar in sorted((SPARK_HOME / "jars").glob("spark-sql_*.jar")):
+        with zipfile.ZipFile(jar) as classes:
+            names = set(classes.namelist())
+        for package in ("org/apache/spark/sql/execution/streaming/checkpointing", "org/apache/spark/sql/execution/streaming"):
+            if f"{package}/{CHECKPOINT_MANAGER}.class" in names:
+                return f"{package.replace('/', '.')}.{CHECKPOINT_MANAGER}"
+    return None
+
+
+def local_file_confs(remote: str | None) -> dict[str, str]:
+    """The settings that keep renames on local files from starting processes; none for a Spark
+    Connect server elsewhere (its own Spark, its own classes)."""
+    if remote and not remote.startswith("local"):
+        return {}
+    confs = {"spark.delta.logStore.file.impl": "io.delta.storage.LocalLogStore"}
+    manager = _checkpoint_manager_class()
+    if manager:
+        confs["spark.sql.streaming.checkpointFileManagerClass"] = manager
+    return confs
 
 
 def collector_option(environ: Mapping[str, str]) -> str:
@@ -183,7 +219,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         builder = builder.remote(remote)
     else:
         builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
-    for key, value in LOCAL_CONF.items():
+    for key, value in (LOCAL_CONF | local_file_confs(remote)).items():
         builder = builder.config(key, value)
     # Spark makes its (unused: tables are addressed by path) warehouse folder in the working directory,
     # which for a notebook opened by hand is notebooks/; keep it at the repository root, where git ignores it.
