@@ -55,3 +55,15 @@ def test_commits_and_checkpoints_rename_without_a_readlink_process(tmp_path):
     assert "ROWS 10" in result.stdout
     assert logs["chmod"].exists(), "the wrappers were not used: the test cannot see what Hadoop runs"
     assert not logs["readlink"].exists(), logs["readlink"].read_text()[:2000]
+
+
+@pytest.mark.parametrize(
+    ("remote", "set_here"),
+    [(None, True), ("local[2]", True), ("sc://workspace:443", False)],  # a server elsewhere: its own classes
+)
+def test_the_file_settings_are_for_sessions_on_this_machine(remote, set_here):
+    from rulewatch.spark.session import local_file_confs
+
+    confs = local_file_confs(remote)
+    assert ("spark.delta.logStore.file.impl" in confs) == set_here
+    assert ("spark.sql.streaming.checkpointFileManagerClass" in confs) == set_here

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from rulewatch.spark.class_archive import SPARK_HOME, archive_options
 from rulewatch.spark.jars import fetch_spark_jars
+from rulewatch.spark.settings import connect_server_elsewhere, connect_server_here
 from rulewatch.spark import worker_daemon
 from rulewatch.spark.widgets import repository_root
 
@@ -86,7 +87,7 @@ def _checkpoint_manager_class() -> str | None:
 def local_file_confs(remote: str | None) -> dict[str, str]:
     """The settings that keep renames on local files from starting processes; none for a Spark
     Connect server elsewhere (its own Spark, its own classes)."""
-    if remote and not remote.startswith("local"):
+    if connect_server_elsewhere(remote):
         return {}
     confs = {"spark.delta.logStore.file.impl": "io.delta.storage.LocalLogStore"}
     manager = _checkpoint_manager_class()
@@ -165,7 +166,7 @@ def foreach_batch_runs_here(spark: SparkSession) -> bool:
     read here: a classic session, or a Spark Connect server this process started (``RULEWATCH_REMOTE``
     ``local[...]``). A Connect server elsewhere runs it in its own process, on its own disk."""
     connect = type(spark).__module__.startswith("pyspark.sql.connect")
-    return not connect or os.environ.get("RULEWATCH_REMOTE", "").startswith("local")
+    return not connect or connect_server_here(os.environ.get("RULEWATCH_REMOTE"))
 
 
 # pyspark's local Connect mode (RULEWATCH_REMOTE=local[...]) starts its server on this port and dials it.
@@ -211,7 +212,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     if remote:
         # Not once this process runs the server (pyspark marks it so; another thread has no active
         # session and gets it again), nor under pyspark's tests, which give the server a free port.
-        if remote.startswith("local") and not {"SPARK_LOCAL_REMOTE", "SPARK_TESTING"} & os.environ.keys():
+        if connect_server_here(remote) and not {"SPARK_LOCAL_REMOTE", "SPARK_TESTING"} & os.environ.keys():
             _check_connect_port(remote)
         # The local Connect server takes these at start-up; the client then also tries to set them
         # as session confs and warns that static ones cannot change. Nothing is wrong: hush it.

@@ -25,6 +25,18 @@ def switched_off(env: str) -> bool:
     return os.environ.get(env, "on").strip().lower() in {"0", "false", "off", "no"}
 
 
+def connect_server_here(remote: str | None) -> bool:
+    """Whether ``remote`` (``RULEWATCH_REMOTE``) asks for a Spark Connect server this process starts
+    (``local[...]``): its Spark, its Python workers and its disk are this machine's."""
+    return (remote or "").startswith("local")
+
+
+def connect_server_elsewhere(remote: str | None) -> bool:
+    """Whether ``remote`` names a Spark Connect server somewhere else (``sc://...``), whose Spark,
+    classes and disk are its own; none (a classic session) is not."""
+    return bool(remote) and not connect_server_here(remote)
+
+
 def future_tolerance() -> str:
     """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
     return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)

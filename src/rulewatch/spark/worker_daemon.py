@@ -39,11 +39,11 @@ def confs(remote: str | None) -> dict[str, str]:
     builds or a Connect server it starts (``remote`` "local..."): their workers share this
     environment. None if ``RULEWATCH_WORKER_DAEMON=off`` or the workers' Python cannot import it."""
     # imported here, not at the top: the daemon itself must load none of rulewatch's modules
-    from rulewatch.spark.settings import switched_off
+    from rulewatch.spark.settings import connect_server_elsewhere, switched_off
 
     if switched_off(SWITCH):
         return {}
-    if (remote and not remote.startswith("local")) or not workers_can_import():
+    if connect_server_elsewhere(remote) or not workers_can_import():
         return {}
     return {"spark.python.daemon.module": MODULE}
 
