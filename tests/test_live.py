@@ -71,10 +71,13 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     assert first.score.false_positives == []
     assert first.latency_ms and all(0 < ms < 240_000 for ms in first.latency_ms)
     assert any(line.startswith("  ALERT rule 2 key burster-1-") for line in lines)
-    # Halfway through, a rule was edited; the first gold batch using that commit is timed from it.
+    # Halfway through, a rule was edited; the first gold batch running with that commit, and the
+    # first evaluating events with it, are timed from it.
     change = first.rule_change
-    assert change is not None and change.batch_end_ms is not None, "\n".join(lines)
-    assert change.committed_ms < change.batch_end_ms < change.committed_ms + 240_000
+    assert change is not None and change.applied and change.evaluated, "\n".join(lines)
+    assert change.applied.batch_id <= change.evaluated.batch_id
+    assert change.committed_ms < change.applied.end_ms <= change.evaluated.end_ms < change.committed_ms + 240_000
+    assert any(line.startswith(f"rule change -> evaluator: rule {change.rule_id} edited") for line in first.lines())
     edited = spark.read.format("delta").load(lakehouse.rules).where(F.col("ruleId") == change.rule_id).first()
     assert edited.description.endswith("]") and "[edited live " in edited.description
 

@@ -53,6 +53,11 @@ def test_rule_changes_reach_the_running_stream(spark, tmp_path, capsys):
         assert step(("e1", 0, "150")) == [("e1", v1, Decimal("150"))]
 
         apply_rules(spark, lakehouse, [parse_rule({**RULE, "limit": 1000})])  # raise the limit
+        # The change alone makes a batch; its metrics row says the evaluator now runs that commit.
+        query.processAllAvailable()
+        gold = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
+        newest = gold.orderBy(F.desc("batch_id")).first()
+        assert (newest.rows_in, newest.rules_version) == (0, rules_version(spark, lakehouse))
         assert step(("e2", 1, "200")) == []  # 350 is no longer above the limit
 
         apply_rules(spark, lakehouse, [parse_rule({**RULE, "limit": 1000, "ruleState": "PAUSE"})])

@@ -292,6 +292,10 @@ class ShardEvaluator:
         if is_command.any():
             self._apply_commands(batch[is_command])
         packed = batch[PACKED_COLUMN].dropna()
+        if packed.empty and is_rule.any():
+            # Rule changes alone still say which rules the shard now runs (pipeline_metrics'
+            # rules_version): how soon a change reached the evaluator, not only the next events.
+            out.append(self._stats(0, 0, self._book(), 0, 0))
         if not packed.empty:
             events = unpack(packed)
             history = self._open_history()
@@ -306,16 +310,16 @@ class ShardEvaluator:
             history.flush()
             self._index_expiry(result.expiry_ms, book)
             out.extend(result.rows)
-            out.append(self._stats(len(events), len(result.writes), book, history))
+            out.append(self._stats(len(events), len(result.writes), book, history.rows_written, history.bytes_written))
             yield from (_complete(frame) for frame in result.metrics)
         if out:
             yield _frame(out)
 
-    def _stats(self, events: int, keys_touched: int, book: RuleBook, history: HistoryStore) -> dict:
+    def _stats(self, events: int, keys_touched: int, book: RuleBook, state_rows: int, state_bytes: int) -> dict:
         """What this call did, summed over shards into gold/pipeline_metrics."""
         return {
             "kind": "stats", "event_count": events, "keys_touched": keys_touched,
-            "state_rows": history.rows_written, "state_bytes": history.bytes_written,
+            "state_rows": state_rows, "state_bytes": state_bytes,
             "active_rules": sum(len(rules) for rules in book.active_by_keyset().values()),
             "rule_version": max((version for _, version in book.rules.values()), default=None),
         }  # fmt: skip

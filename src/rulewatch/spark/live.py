@@ -368,24 +368,36 @@ def _batch_summary(layer: LayerProgress) -> str:
 
 
 @dataclass(frozen=True)
+class GoldBatch:
+    batch_id: int
+    start_ms: int
+    end_ms: int  # its alerts, metrics and state committed
+
+
+@dataclass(frozen=True)
 class RuleChangeTiming:
-    """A rule edited mid-demo, and the first gold batch that evaluated events with it."""
+    """A rule edited mid-demo; the first gold batch that ran with it, and the first that evaluated
+    events with it (later if no event was waiting then: events arrive with silver's commits)."""
 
     rule_id: int
     version: int  # its config/rules commit
     committed_ms: int
-    batch_id: int | None = None  # None: no gold batch used it before the demo ended
-    batch_start_ms: int | None = None
-    batch_end_ms: int | None = None  # the batch's alerts and metrics committed
+    applied: GoldBatch | None = None  # None: no gold batch ran with it before the demo ended
+    evaluated: GoldBatch | None = None
 
     def line(self) -> str:
-        head = f"rule change -> first evaluation: rule {self.rule_id} edited (commit {self.version})"
-        if self.batch_end_ms is None or self.batch_start_ms is None:
-            return f"{head}, no gold batch evaluated with it before the end"
+        head = f"rule change -> evaluator: rule {self.rule_id} edited (commit {self.version})"
+        if self.applied is None:
+            return f"{head}, no gold batch ran with it before the end"
+        parts = [f"{head}, applied by {self._timed(self.applied)}"]
+        if self.evaluated != self.applied:
+            parts.append(f"first events evaluated with it by {self._timed(self.evaluated)}" if self.evaluated else "no event evaluated with it")
+        return "; ".join(parts)
+
+    def _timed(self, batch: GoldBatch) -> str:
         return (
-            f"{head}, first used by gold batch {self.batch_id}: started "
-            f"{(self.batch_start_ms - self.committed_ms) / 1000:.2f}s, committed "
-            f"{(self.batch_end_ms - self.committed_ms) / 1000:.2f}s after the rules commit"
+            f"gold batch {batch.batch_id} (started {(batch.start_ms - self.committed_ms) / 1000:.2f}s, "
+            f"committed {(batch.end_ms - self.committed_ms) / 1000:.2f}s after the rules commit)"
         )
 
 
@@ -410,15 +422,20 @@ def edit_a_rule(spark: SparkSession, lakehouse: Lakehouse) -> RuleChangeTiming |
 
 
 def first_evaluation(spark: SparkSession, lakehouse: Lakehouse, change: RuleChangeTiming) -> RuleChangeTiming:
-    """``change`` with the first gold batch whose evaluator ran with its commit (``rules_version``)."""
-    first = (
+    """``change`` with the first gold batches whose evaluator ran with its commit (``rules_version``),
+    with and without events."""
+    timed = F.struct("batch_id", F.unix_millis("batch_start").alias("start_ms"), F.unix_millis("batch_end").alias("end_ms"))
+    batches = (
         tables.read(spark, lakehouse.pipeline_metrics)
         .where((F.col("layer") == "gold") & (F.col("rules_version") >= change.version))
-        .orderBy("batch_id")
-        .select("batch_id", F.unix_millis("batch_start").alias("start"), F.unix_millis("batch_end").alias("end"))
+        .agg(
+            F.min_by(timed, "batch_id").alias("applied"),
+            F.min_by(timed, F.when(F.col("rows_in") > 0, F.col("batch_id"))).alias("evaluated"),
+        )
         .first()
-    )  # fmt: skip
-    return replace(change, batch_id=first.batch_id, batch_start_ms=first.start, batch_end_ms=first.end) if first else change
+    )
+    applied, evaluated = (GoldBatch(**batch.asDict()) if batch else None for batch in (batches.applied, batches.evaluated))
+    return replace(change, applied=applied, evaluated=evaluated)
 
 
 @dataclass
