@@ -71,6 +71,12 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path):
     assert first.score.false_positives == []
     assert first.latency_ms and all(0 < ms < 240_000 for ms in first.latency_ms)
     assert any(line.startswith("  ALERT rule 2 key burster-1-") for line in lines)
+    # The monitor had the alerts from gold's batches as they committed (a classic session); read
+    # back from gold/alerts and pipeline_metrics (as under Spark Connect) they are the same.
+    reader = Monitor(spark, lakehouse, [])
+    reader._last_gold_batch = -1
+    reader.layers["gold"].completed_batch_id = spark.read.format("delta").load(lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
+    assert sorted(first.alerts, key=repr) == sorted(reader._read_alerts(), key=repr) and len(first.alerts) == len(first.latency_ms)
     # Halfway through, a rule was edited; the first gold batch running with that commit, and the
     # first evaluating events with it, are timed from it.
     change = first.rule_change

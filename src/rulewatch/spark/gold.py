@@ -8,10 +8,11 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from functools import partial
 from typing import Any, Callable, ContextManager
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -91,6 +92,10 @@ def _ts(col: str) -> F.Column:
 
 
 StateTotals = Callable[[], tuple[int | None, int | None]]
+# Told of each batch's alerts once they are committed: (batch id, its pipeline_metrics row's
+# batch_end, one row per alert with ALERT_FIELDS). Only where foreachBatch runs in this process.
+AlertsCommitted = Callable[[int, datetime, list[Row]], None]
+ALERT_FIELDS = ("rule_id", "group_key", "transaction_id", "aggregate", "event_count", "ingest_ms", "event_ms")
 
 
 def write_batch(
@@ -100,6 +105,7 @@ def write_batch(
     recorder: Recorder,
     state_totals: StateTotals | None = None,
     alerts_topic: KafkaTopic | None = None,
+    on_alerts: AlertsCommitted | None = None,
 ) -> None:
     """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
     started = time.time()
@@ -153,7 +159,7 @@ def write_batch(
             F.col("detail").alias("reason"),
             batch,
         )
-        counts = _counts(out)
+        counts = _counts(out, details=on_alerts is not None)
         fired = counts.pop("fired")
         # A table this batch adds nothing to gets no commit (each costs a Delta state
         # reconstruction); the others are written at once, alerts not waiting behind the metrics.
@@ -170,17 +176,19 @@ def write_batch(
         if alerts_topic and counts["alerts"]:
             writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
         together(writes)
-        committed_ms = round(time.time() * 1000)
+        committed = time.time()
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         row = metrics_row(
-            "gold", batch_id, started, time.time(),
+            "gold", batch_id, started, committed,
             **counts,
             rows_out=counts["alerts"],
             rows_written=written,
             state_rows_total=rows_total,
             state_bytes_total=bytes_total,
-            **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], committed_ms),
+            **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], round(committed * 1000)),
         )  # fmt: skip
+        if on_alerts:
+            on_alerts(batch_id, row["batch_end"], fired)
         recorder.record_rows(out.sparkSession, batch_id, [row])
     finally:
         out.unpersist()
@@ -194,14 +202,17 @@ def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse:
     crash_point(sink_name("kafka", "alerts"), batch_id, "after")
 
 
-def _counts(out: DataFrame) -> dict[str, Any]:
-    """Row counts per output table, the batch's evaluator statistics and the alerts' times, in one pass."""
+def _counts(out: DataFrame, details: bool = False) -> dict[str, Any]:
+    """Row counts per output table, the batch's evaluator statistics and the alerts' times (with
+    ``details``, their ALERT_FIELDS), in one pass."""
     kind = F.col("kind")
+    aggregate = F.col("aggregate_value").cast(schema.AGGREGATE).cast("string").alias("aggregate")
+    fired = F.struct(*ALERT_FIELDS[:3], aggregate, *ALERT_FIELDS[4:]) if details else F.struct("ingest_ms", "event_ms")
     return (
         out.groupBy()
         .agg(
             F.count(F.when(kind == "alert", 1)).alias("alerts"),
-            F.collect_list(F.when(kind == "alert", F.struct("ingest_ms", "event_ms"))).alias("fired"),
+            F.collect_list(F.when(kind == "alert", fired)).alias("fired"),
             F.count(F.when(kind == "metric", 1)).alias("metrics"),
             F.count(F.when(kind == "late", 1)).alias("late_events"),
             F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
@@ -266,8 +277,12 @@ def start_gold(
     available_now: bool = True,
     processing_time: str | None = None,
     recorder: Recorder | None = None,
+    on_alerts: AlertsCommitted | None = None,
 ) -> StreamingQuery:
-    """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise."""
+    """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise.
+
+    ``on_alerts`` is called in this process, so only for a classic session (Spark Connect runs
+    ``foreachBatch`` in the server's own Python process)."""
     ensure_gold_tables(spark, lakehouse)
     recorder = recorder or Recorder(lakehouse, "gold")
     check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)
@@ -277,7 +292,7 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, totals, settings.alerts_topic)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, totals, settings.alerts_topic, on_alerts)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

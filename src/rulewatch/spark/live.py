@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -37,7 +37,7 @@ from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import Recorder, kept_rows, percentile
 from rulewatch.spark.pipeline import ensure_all_tables
-from rulewatch.spark.session import session_confs
+from rulewatch.spark.session import is_connect, session_confs
 
 LAYERS = ("ingest", "gold")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -64,6 +64,27 @@ class Streams:
     spark: SparkSession
     queries: list[StreamingQuery]
     recorders: list[Recorder]
+    feed: AlertFeed | None = None  # gold's alerts as they commit (a classic session)
+
+
+class AlertFeed:
+    """Gold's alerts handed over in this process as each batch commits them (``gold.AlertsCommitted``),
+    so the monitor shows them without reading ``gold/alerts``: each read is Spark jobs on the cores
+    the queries use, and a classic session's ``foreachBatch`` already has the rows."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._batches: dict[int, tuple[int, list[Row]]] = {}
+
+    def __call__(self, batch_id: int, batch_end: datetime, alerts: list[Row]) -> None:
+        with self._lock:
+            self._batches[batch_id] = ((batch_end - EPOCH) // timedelta(milliseconds=1), alerts)
+
+    def take(self) -> dict[int, tuple[int, list[Row]]]:
+        """Batch id -> (its alerts' commit time, unix ms; the alerts), for the batches handed over since the last call."""
+        with self._lock:
+            batches, self._batches = self._batches, {}
+        return batches
 
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
@@ -73,10 +94,13 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     recorders = [Recorder.gathered(lakehouse, query, settings.metrics_every) for query in LAYERS]
+    feed = None if is_connect(spark) else AlertFeed()
     with session_confs(spark, partitions):
         ingest = start_ingest(spark, source, lakehouse, settings.trigger, recorders[0])
-        gold = start_gold(spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1])
-        return Streams(spark, [ingest, gold], recorders)
+        gold = start_gold(
+            spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1], on_alerts=feed
+        )
+        return Streams(spark, [ingest, gold], recorders, feed)
 
 
 def stop_streams(streams: Streams) -> None:
@@ -146,11 +170,13 @@ class Alert:
 
 @dataclass
 class Monitor:
-    """Polls the queries' progress and the new rows of ``gold/alerts`` (from the driver, between batches)."""
+    """Polls the queries' progress and gold's new alerts: handed over by ``feed`` if there is one,
+    else read from ``gold/alerts`` (from the driver, between batches)."""
 
     spark: SparkSession
     lakehouse: Lakehouse
     queries: list[StreamingQuery]
+    feed: AlertFeed | None = None
     layers: dict[str, LayerProgress] = field(default_factory=lambda: {name: LayerProgress() for name in LAYERS})
     alerts: list[Alert] = field(default_factory=list)
     _last_gold_batch: int = -1
@@ -162,6 +188,17 @@ class Monitor:
         self._last_gold_batch = -1 if latest is None else latest
 
     def _new_alerts(self) -> list[Alert]:
+        return self._fed_alerts(self.feed) if self.feed is not None else self._read_alerts()
+
+    def _fed_alerts(self, feed: AlertFeed) -> list[Alert]:
+        alerts = []
+        for batch_id, (committed_ms, rows) in sorted(feed.take().items()):
+            if batch_id > self._last_gold_batch:  # not an earlier run's batch, replayed
+                alerts += [_alert(r, committed_ms) for r in rows]
+                self._last_gold_batch = batch_id
+        return alerts
+
+    def _read_alerts(self) -> list[Alert]:
         """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
 
         The row records when the batch's alerts committed (``batch_end``). Live queries append rows
@@ -211,13 +248,8 @@ class Monitor:
             .collect()
         )
         self._last_gold_batch = done
-        alerts = []
-        for r in rows:
-            row = committed.get(r.gold_batch_id)
-            decided = row[0] if row else r.decision_ms  # a batch without a row (not expected): its start
-            latency = None if r.ingest_ms is None else decided - r.ingest_ms
-            alerts.append(Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms))
-        return alerts
+        # A batch without a row (not expected): its alerts' decision time, the batch's start.
+        return [_alert(r, committed[r.gold_batch_id][0] if r.gold_batch_id in committed else r.decision_ms) for r in rows]
 
     def poll(self, stopped: bool = False) -> tuple[str, list[Alert]]:
         """One progress line (rows/s per layer, alerts/s, latest latency) and the alerts new since the last poll.
@@ -262,6 +294,12 @@ class Monitor:
             layers["ingest"].rows >= landed_events
             and layers["gold"].has_read(self.lakehouse.silver_transactions, self._latest_version(self.lakehouse.silver_transactions))
         )
+
+
+def _alert(r: Row, decided: int) -> Alert:
+    """An alert row (gold.ALERT_FIELDS) committed at ``decided`` (unix ms)."""
+    latency = None if r.ingest_ms is None else decided - r.ingest_ms
+    return Alert(r.rule_id, r.group_key, r.transaction_id, r.aggregate, r.event_count, decided, latency, decided - r.event_ms)
 
 
 def latency_summary(values: list[int]) -> str:
@@ -442,6 +480,7 @@ def first_evaluation(spark: SparkSession, lakehouse: Lakehouse, change: RuleChan
 class DemoReport:
     generated: generate.GenerateResult
     score: Score
+    alerts: list[Alert]  # this run's, as the monitor saw them commit
     latency_ms: list[int]
     event_latency_ms: list[int]
     caught_up: bool
@@ -493,7 +532,7 @@ def demo(
         source = str(landing)
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries = streams.queries
+    monitor.queries, monitor.feed = streams.queries, streams.feed
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     change: RuleChangeTiming | None = None
@@ -528,6 +567,7 @@ def demo(
     return DemoReport(
         generated=result[0] if result else generate.GenerateResult(0, 0, 0, 0.0),
         score=score(alerts, run_labels),
+        alerts=alerts,
         latency_ms=[a.latency_ms for a in alerts if a.latency_ms is not None],
         event_latency_ms=[a.event_latency_ms for a in alerts],
         caught_up=caught_up,
@@ -555,7 +595,7 @@ def stream(
     """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries = streams.queries
+    monitor.queries, monitor.feed = streams.queries, streams.feed
     deadline = time.monotonic() + duration if duration else float("inf")
     try:
         follow(monitor, lambda: time.monotonic() > deadline, log)

@@ -165,8 +165,13 @@ def foreach_batch_runs_here(spark: SparkSession) -> bool:
     """Whether a query's ``foreachBatch`` function runs on this machine, so files it writes can be
     read here: a classic session, or a Spark Connect server this process started (``RULEWATCH_REMOTE``
     ``local[...]``). A Connect server elsewhere runs it in its own process, on its own disk."""
-    connect = type(spark).__module__.startswith("pyspark.sql.connect")
-    return not connect or connect_server_here(os.environ.get("RULEWATCH_REMOTE"))
+    return not is_connect(spark) or connect_server_here(os.environ.get("RULEWATCH_REMOTE"))
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (its ``foreachBatch`` functions run in the server's
+    Python processes, never in this one)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 # pyspark's local Connect mode (RULEWATCH_REMOTE=local[...]) starts its server on this port and dials it.
