@@ -78,7 +78,7 @@ class AlertFeed:
 
     def __call__(self, batch_id: int, batch_end: datetime, alerts: list[Row]) -> None:
         with self._lock:
-            self._batches[batch_id] = ((batch_end - EPOCH) // timedelta(milliseconds=1), alerts)
+            self._batches[batch_id] = (_unix_ms(batch_end), alerts)
 
     def take(self) -> dict[int, tuple[int, list[Row]]]:
         """Batch id -> (its alerts' commit time, unix ms; the alerts), for the batches handed over since the last call."""
@@ -110,6 +110,11 @@ def stop_streams(streams: Streams) -> None:
         query.stop()
     for recorder in streams.recorders:
         recorder.flush(streams.spark)
+
+
+def _unix_ms(moment: datetime) -> int:
+    """Floored, as Spark's ``unix_millis`` is: the hand-over and the table read must agree to the ms."""
+    return (moment - EPOCH) // timedelta(milliseconds=1)
 
 
 def _epoch_ms(timestamp: str) -> int:
@@ -212,7 +217,7 @@ class Monitor:
         batches = range(self._last_gold_batch + 1, done + 1)
         # Per batch: when its alerts committed (unix ms, floored) and how many there were.
         committed = {
-            r["batch_id"]: ((r["batch_end"] - EPOCH) // timedelta(milliseconds=1), r.get("alerts"))
+            r["batch_id"]: (_unix_ms(r["batch_end"]), r.get("alerts"))
             for r in kept_rows(self.lakehouse, "gold")
             if r["batch_id"] in batches
         }
