@@ -192,8 +192,19 @@ class Monitor:
         latest = tables.read(self.spark, self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
         self._last_gold_batch = -1 if latest is None else latest
 
-    def _new_alerts(self) -> list[Alert]:
-        return self._fed_alerts(self.feed) if self.feed is not None else self._read_alerts()
+    def _new_alerts(self) -> tuple[list[Alert], str]:
+        """The alerts new since the last poll, and a note if where they come from changed."""
+        if self.feed is None:
+            return self._read_alerts(), ""
+        alerts = self._fed_alerts(self.feed)
+        done = self.layers["gold"].completed_batch_id
+        if done <= self._last_gold_batch:
+            return alerts, ""
+        # Gold reported a batch the feed was never told of: its foreachBatch runs in another
+        # process (an isolated Python worker), so the feed would stay empty. Read from here on.
+        missed = self._last_gold_batch + 1
+        self.feed = None
+        return alerts + self._read_alerts(), f"gold batch {missed} was not handed over in this process: alerts are read from gold/alerts from now on"
 
     def _fed_alerts(self, feed: AlertFeed) -> list[Alert]:
         alerts = []
@@ -274,13 +285,15 @@ class Monitor:
             f"{name} {layer.update(query.recentProgress) / seconds:7.0f} rows/s"
             for (name, layer), query in zip(self.layers.items(), self.queries)
         ]
-        new = self._new_alerts()
+        new, note = self._new_alerts()
         self.alerts += new
         latencies = [a.latency_ms for a in new if a.latency_ms is not None]
         latency = f"{max(latencies) / 1000:5.2f}s" if latencies else "  n/a"
         gold_batches = self.layers["gold"].batch_ms
         gold_batch = f"{gold_batches[-1] / 1000:4.1f}s" if gold_batches else "  n/a"
         line = f"{' | '.join(rates)} | alerts {len(new) / seconds:5.1f}/s | latency {latency} | last gold batch {gold_batch}"
+        if note:
+            line += f"\n{note}"
         for error in errors:  # the first line: the rest is the query's plan
             line += f"\n{error.splitlines()[0]} (as it was stopped; the next start replays its batch)"
         return line, new
