@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -39,6 +40,24 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
     assert layers == {"bronze": 1, "silver": 1, "gold": 1}
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
     assert metrics_commits(lakehouse) == [{"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}]
+
+
+@pytest.mark.spark
+def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
+    # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
+    # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);
+    # the demo's rule edit reads the rules table, which under Connect must not need Delta Connect.
+    result = subprocess.run(
+        [sys.executable, "-m", "rulewatch.cli.main", "demo", "--lakehouse", str(tmp_path / "lakehouse"),
+         "--minutes", "0.17", "--rate", "40", "--pattern-every", "1"],
+        cwd=ROOT, env={**os.environ, "RULEWATCH_REMOTE": "local[2]"}, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, why_it_failed(result.stderr)
+    out = result.stdout
+    assert "streams caught up" in out and "false positives: 0 alert(s)" in out, out[-3000:]
+    scores = re.findall(r"rule \d+: injected (\d+), caught (\d+), missed (\d+)", out)
+    assert len(scores) == 4 and all(int(injected) > 0 and caught == injected and missed == "0" for injected, caught, missed in scores), out[-3000:]
+    assert re.search(r"rule change -> evaluator: rule \d+ edited .* applied by gold batch \d+", out), out[-3000:]
 
 
 def test_a_taken_connect_port_is_named_with_the_fix(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from rulewatch.spark import generate, tables
 from rulewatch.spark.bronze import Source, check_source
@@ -132,23 +133,25 @@ class LayerProgress:
     phase_ms: Counter[str] = field(default_factory=Counter)  # where those batches spent it (durationMs)
     sources: dict[str, Any] = field(default_factory=dict)  # source description -> end offset, newest report
 
-    def update(self, reports: list[dict]) -> int:
+    def update(self, reports: list[StreamingQueryProgress]) -> int:
         """Fold in reports not seen yet; returns the rows they read.
 
         Reports are told apart by trigger start, not batch id: an idle query reports the id of the
-        batch it has not run yet, and the batch that then runs reports the same id.
+        batch it has not run yet, and the batch that then runs reports the same id. Read through
+        the report's properties: under Spark Connect its ``numInputRows`` item is None (the
+        property sums the sources).
         """
-        new = [p for p in reports if _epoch_ms(p["timestamp"]) > self.last_start_ms]
+        new = [p for p in reports if _epoch_ms(p.timestamp) > self.last_start_ms]
         for p in new:
-            duration = p["durationMs"].get("triggerExecution", 0)
-            if p["numInputRows"]:
+            duration = p.durationMs.get("triggerExecution", 0)
+            if p.numInputRows:
                 self.batch_ms.append(duration)
-                self.phase_ms.update({k: v for k, v in p["durationMs"].items() if k != "triggerExecution"})
-            if "addBatch" in p["durationMs"]:
-                self.completed_batch_id = max(self.completed_batch_id, p["batchId"])
-            self.last_start_ms = _epoch_ms(p["timestamp"])
-            self.sources = {s["description"]: s["endOffset"] for s in p["sources"]}
-        rows = sum(p["numInputRows"] for p in new)
+                self.phase_ms.update({k: v for k, v in p.durationMs.items() if k != "triggerExecution"})
+            if "addBatch" in p.durationMs:
+                self.completed_batch_id = max(self.completed_batch_id, p.batchId)
+            self.last_start_ms = _epoch_ms(p.timestamp)
+            self.sources = {s.description: s.endOffset for s in p.sources}
+        rows = sum(p.numInputRows for p in new)
         self.rows += rows
         return rows
 

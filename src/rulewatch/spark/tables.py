@@ -7,7 +7,7 @@ functions and never looks at which it was given.
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
@@ -55,7 +55,15 @@ def read_stream(reader: DataStreamReader, table: str, starting_version: int | No
 def exists(spark: SparkSession, table: str) -> bool:
     if is_table_name(table):
         return spark.catalog.tableExists(table_ref(table))
-    return DeltaTable.isDeltaTable(spark, table)
+    # SQL, not DeltaTable.isDeltaTable: under Spark Connect that needs the server's Delta Connect
+    # plugin, which a plain Connect server (as `RULEWATCH_REMOTE=local[2]` starts) lacks.
+    try:
+        spark.sql(f"DESCRIBE DETAIL {table_ref(table)}").collect()
+    except AnalysisException as err:
+        if err.getCondition() == "DELTA_MISSING_DELTA_TABLE":
+            return False
+        raise
+    return True
 
 
 def save(writer: DataFrameWriter, table: str) -> None:
