@@ -60,13 +60,14 @@ def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
     assert re.search(r"rule change -> evaluator: rule \d+ edited .* applied by gold batch \d+", out), out[-3000:]
 
 
-def test_a_taken_connect_port_is_named_with_the_fix(tmp_path):
+@pytest.mark.parametrize("family, address", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")], ids=["ipv4", "ipv6"])
+def test_a_taken_connect_port_is_named_with_the_fix(tmp_path, family, address):
     # Held by "another program" (this test) the way a stray server would hold it; if something
-    # already holds it, the run meets the same busy port.
-    holder = socket.socket()
+    # already holds it, the run meets the same busy port. (`localhost` may dial either family.)
+    holder = socket.socket(family)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        holder.bind(("127.0.0.1", LOCAL_CONNECT_PORT))
+        holder.bind((address, LOCAL_CONNECT_PORT))
         holder.listen()
     except OSError:
         pass

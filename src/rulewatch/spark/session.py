@@ -183,18 +183,26 @@ class ConnectPortBusy(RuntimeError):
 
 
 def _check_connect_port(remote: str) -> None:
-    # Otherwise the server's start fails deep in the JVM with a BindException and a Py4J trace.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # A closed server's connections left in TIME_WAIT do not block it; only a listener does.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Otherwise the server's start fails deep in the JVM with a BindException and a Py4J trace. The
+    # server listens on every address, IPv4 and IPv6: a listener of either family blocks it.
+    for family, wildcard in [(socket.AF_INET, ""), (socket.AF_INET6, "::")]:
         try:
-            probe.bind(("", LOCAL_CONNECT_PORT))
-        except OSError as err:
-            raise ConnectPortBusy(
-                f"RULEWATCH_REMOTE={remote} starts a local Spark Connect server on port {LOCAL_CONNECT_PORT}, "
-                f"which another program holds ({err.strerror}); stop it (`ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` "
-                f"names it), or, if it is a Connect server, use it with RULEWATCH_REMOTE=sc://localhost:{LOCAL_CONNECT_PORT}"
-            ) from None
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host: nothing can listen there either
+            continue
+        with probe:
+            # A closed server's connections left in TIME_WAIT do not block it; only a listener does.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # IPv4 was probed above; this one asks about IPv6 alone
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind((wildcard, LOCAL_CONNECT_PORT))
+            except OSError as err:
+                raise ConnectPortBusy(
+                    f"RULEWATCH_REMOTE={remote} starts a local Spark Connect server on port {LOCAL_CONNECT_PORT}, "
+                    f"which another program holds ({err.strerror}); stop it (`ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` "
+                    f"names it), or, if it is a Connect server, use it with RULEWATCH_REMOTE=sc://localhost:{LOCAL_CONNECT_PORT}"
+                ) from None
 
 
 def get_spark(app_name: str = "rulewatch") -> SparkSession:
