@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -47,10 +48,15 @@ def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
     # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
     # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);
     # the demo's rule edit reads the rules table, which under Connect must not need Delta Connect.
+    env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
+    lakehouse = str(tmp_path / "lakehouse")
+    missing = subprocess.run([sys.executable, "-m", "rulewatch.cli.main", "rules", "export", "--lakehouse", lakehouse],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert missing.returncode == 1 and "no rules table" in missing.stderr, why_it_failed(missing.stderr)
     result = subprocess.run(
-        [sys.executable, "-m", "rulewatch.cli.main", "demo", "--lakehouse", str(tmp_path / "lakehouse"),
+        [sys.executable, "-m", "rulewatch.cli.main", "demo", "--lakehouse", lakehouse,
          "--minutes", "0.17", "--rate", "40", "--pattern-every", "1"],
-        cwd=ROOT, env={**os.environ, "RULEWATCH_REMOTE": "local[2]"}, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, why_it_failed(result.stderr)
     out = result.stdout
@@ -64,13 +70,18 @@ def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
 def test_a_taken_connect_port_is_named_with_the_fix(tmp_path, family, address):
     # Held by "another program" (this test) the way a stray server would hold it; if something
     # already holds it, the run meets the same busy port. (`localhost` may dial either family.)
-    holder = socket.socket(family)
+    try:
+        holder = socket.socket(family)
+    except OSError as err:
+        pytest.skip(f"this host has no {family.name}: {err}")
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         holder.bind((address, LOCAL_CONNECT_PORT))
         holder.listen()
-    except OSError:
-        pass
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            holder.close()
+            pytest.skip(f"cannot listen on {address} here: {err}")
     try:
         result = subprocess.run(
             [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lakehouse"),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from rulewatch.spark.checkpoints import CheckpointError, check_queries
@@ -26,6 +29,16 @@ def test_score_counts_caught_missed_and_unlabelled_alerts():
     assert (result.patterns["drain"].caught, result.patterns["login_attack"].injected) == (1, 0)
     # Rule 1 on a burst payer's key was not meant to fire there: a false positive like any unlabelled key.
     assert sorted((a.rule_id, a.group_key) for a in result.false_positives) == [(1, "b1"), (3, "u")]
+
+
+def test_an_alert_feed_pickled_with_foreach_batch_leaves_the_original_untold():
+    # Where foreachBatch runs in another process its function is pickled, feed included: that must
+    # work (a lock cannot be pickled), and the copy's calls never reach the monitor's feed.
+    feed = AlertFeed()
+    feed(1, datetime(2026, 11, 30, tzinfo=timezone.utc), [])
+    write = cloudpickle.loads(cloudpickle.dumps(lambda batch_id: feed(batch_id, datetime(2026, 11, 30, tzinfo=timezone.utc), [])))
+    write(2)
+    assert feed.take() == {1: (1_795_996_800_000, [])} and feed.take() == {}
 
 
 def _fail(batch, batch_id):

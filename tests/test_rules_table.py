@@ -20,6 +20,7 @@ from rulewatch.spark.rules_table import (
     history_rows,
     latest_rule_history,
     row_to_rule_json,
+    rules_table_exists,
     rules_to_json_text,
     run_rule_history,
 )
@@ -271,6 +272,16 @@ def rules_cli(*argv: str) -> int:
     add_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
+
+
+def test_the_rules_table_exists_only_as_a_delta_table(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lh"))
+    assert not rules_table_exists(spark, lakehouse)  # nothing at its path
+    spark.range(3).write.parquet(lakehouse.rules)  # plain Parquet where the table belongs
+    assert not rules_table_exists(spark, lakehouse)
+    other = Lakehouse(str(tmp_path / "other"))
+    apply_rules_file(spark, other, FIXTURES / "rules.json")
+    assert rules_table_exists(spark, other)
 
 
 def test_rules_cli(spark, tmp_path, capsys):

@@ -87,6 +87,14 @@ class AlertFeed:
             batches, self._batches = self._batches, {}
         return batches
 
+    def __getstate__(self) -> dict:
+        # Where foreachBatch runs in another process, the function is pickled with this feed: the
+        # copy there is told of the batches and this one never is, which the monitor notices.
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
@@ -205,9 +213,8 @@ class Monitor:
             return alerts, ""
         # Gold reported a batch the feed was never told of: its foreachBatch runs in another
         # process (an isolated Python worker), so the feed would stay empty. Read from here on.
-        missed = self._last_gold_batch + 1
         self.feed = None
-        return alerts + self._read_alerts(), f"gold batch {missed} was not handed over in this process: alerts are read from gold/alerts from now on"
+        return alerts + self._read_alerts(), f"gold batch {done} was not handed over in this process: alerts are read from gold/alerts from now on"
 
     def _fed_alerts(self, feed: AlertFeed) -> list[Alert]:
         alerts = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -198,6 +199,8 @@ def _check_connect_port(remote: str) -> None:
             try:
                 probe.bind((wildcard, LOCAL_CONNECT_PORT))
             except OSError as err:
+                if err.errno != errno.EADDRINUSE:  # e.g. IPv6 turned off: not a listener, the server will say
+                    continue
                 raise ConnectPortBusy(
                     f"RULEWATCH_REMOTE={remote} starts a local Spark Connect server on port {LOCAL_CONNECT_PORT}, "
                     f"which another program holds ({err.strerror}); stop it (`ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` "
