@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import calendar
 from datetime import datetime, timezone
 
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from rulewatch.spark.checkpoints import CheckpointError, check_queries
 from rulewatch.spark.generate import GeneratorConfig, Label
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.gold import ensure_gold_tables
-from rulewatch.spark.live import DEMO_RULES, Alert, AlertFeed, LiveSettings, Monitor, demo, score
+from rulewatch.spark.live import DEMO_RULES, Alert, AlertFeed, LayerProgress, LiveSettings, Monitor, demo, score
 from rulewatch.spark.rules_table import apply_rules_file
 
 
@@ -29,6 +31,29 @@ def test_score_counts_caught_missed_and_unlabelled_alerts():
     assert (result.patterns["drain"].caught, result.patterns["login_attack"].injected) == (1, 0)
     # Rule 1 on a burst payer's key was not meant to fire there: a false positive like any unlabelled key.
     assert sorted((a.rule_id, a.group_key) for a in result.false_positives) == [(1, "b1"), (3, "u")]
+
+
+def progress(batch_id: int, started: str, rows: int, ran: bool) -> StreamingQueryProgress:
+    """A progress report as Spark writes it: an idle trigger has no addBatch and names the next batch."""
+    source = {"description": "s", "startOffset": "0", "endOffset": str(rows), "latestOffset": str(rows),
+              "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}  # fmt: skip
+    return StreamingQueryProgress.fromJson({
+        "id": "00000000-0000-0000-0000-000000000001", "runId": "00000000-0000-0000-0000-000000000002",
+        "name": "q", "timestamp": started, "batchId": batch_id, "batchDuration": 5, "numInputRows": rows,
+        "durationMs": {"triggerExecution": 900, **({"addBatch": 800} if ran else {})},
+        "stateOperators": [], "sources": [source], "sink": {"description": "k", "numOutputRows": -1},
+    })  # fmt: skip
+
+
+def test_progress_folds_each_trigger_once_by_its_start_to_the_millisecond():
+    layer = LayerProgress()
+    idle = progress(3, "2026-11-30T20:17:05.998Z", 0, ran=False)
+    ran = progress(3, "2026-11-30T20:17:05.999Z", 120, ran=True)  # same batch id, 1 ms later
+    assert layer.update([idle]) == 0 and layer.completed_batch_id == -1
+    assert layer.update([idle, ran]) == 120
+    assert layer.update([idle, ran]) == 0  # nothing new
+    assert (layer.rows, layer.completed_batch_id, layer.batch_ms) == (120, 3, [900])
+    assert layer.last_start_ms == calendar.timegm((2026, 11, 30, 20, 17, 5)) * 1000 + 999
 
 
 def test_an_alert_feed_pickled_with_foreach_batch_leaves_the_original_untold():

@@ -127,7 +127,8 @@ def _unix_ms(moment: datetime) -> int:
 
 
 def _epoch_ms(timestamp: str) -> int:
-    return int(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000)
+    """A progress report's ISO time (``...Z``) in ms, exactly (not through a float)."""
+    return _unix_ms(datetime.fromisoformat(timestamp.replace("Z", "+00:00")))
 
 
 @dataclass
