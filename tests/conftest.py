@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+
+# Every Spark JVM of the suite (this process's, and those of the commands and notebooks it starts,
+# which inherit the environment) compiles with C1 only: the JIT would otherwise take most of a core
+# from the other test worker (`make test` runs two; docs/benchmarks.md, "The test suite's JVMs").
+# An explicit RULEWATCH_JAVA_OPTIONS, even an empty one, is kept.
+os.environ.setdefault("RULEWATCH_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 def cell_text(cell) -> str:
@@ -28,6 +37,15 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
     the JVM's stack frames, which would otherwise fill the tail and hide the messages."""
     lines = [line for line in stderr.splitlines() if not line.lstrip().startswith(("at ", "... "))]
     return "\n".join(lines)[-limit:]
+
+
+@pytest.fixture
+def connect_port():
+    """Held while a test starts a local Spark Connect server: it always takes the same port
+    (session.LOCAL_CONNECT_PORT), so tests on two workers must take turns."""
+    with open(Path(tempfile.gettempdir()) / "rulewatch-tests-connect-port.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")

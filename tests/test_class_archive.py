@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import why_it_failed
 from rulewatch.spark import class_archive
 from rulewatch.spark.jars import java_binary
-from rulewatch.spark.session import JAVA_OPTIONS, collector_option
+from rulewatch.spark.class_archive import archive_options
+from rulewatch.spark.session import JAVA_OPTIONS, collector_option, driver_java_options
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -100,3 +102,20 @@ def test_the_jvm_starts_whatever_collector_the_environment_chose(chosen: str) ->
     if chosen:
         both = subprocess.run([str(java), "-XX:+UseParallelGC", "-version"], env=env, capture_output=True, text=True, timeout=60)
         assert both.returncode != 0 and "Multiple garbage collectors" in both.stdout + both.stderr  # what the guard avoids
+
+
+def test_rulewatch_java_options_come_last_and_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RULEWATCH_JAVA_OPTIONS", " -XX:+DontCompileHugeMethods -XX:TieredStopAtLevel=1 ")
+    options = driver_java_options()
+    assert options.startswith(JAVA_OPTIONS) and options.endswith("-XX:+DontCompileHugeMethods -XX:TieredStopAtLevel=1")
+    flags = subprocess.run([str(java_binary()), *options.split(), "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, timeout=60)
+    assert flags.returncode == 0, flags.stderr
+    final = {line.split()[1]: line.split()[3] for line in flags.stdout.splitlines() if line.count("=") == 1 and len(line.split()) >= 4}
+    assert (final["DontCompileHugeMethods"], final["TieredStopAtLevel"]) == ("true", "1")  # the project's -XX:- is overridden
+    monkeypatch.delenv("RULEWATCH_JAVA_OPTIONS")
+    assert driver_java_options() == f"{JAVA_OPTIONS} {archive_options()}".strip()
+
+
+@pytest.mark.spark
+def test_the_test_sessions_jvm_got_the_suites_options(spark) -> None:
+    assert spark.conf.get("spark.driver.extraJavaOptions").endswith(os.environ["RULEWATCH_JAVA_OPTIONS"])

@@ -119,6 +119,14 @@ JAVA_OPTIONS = " ".join(
 )
 
 
+def driver_java_options() -> str:
+    """The local driver JVM's options: the project's, this machine's class archive, then
+    ``RULEWATCH_JAVA_OPTIONS`` last, so that they win. The test suite sets it to compile with C1 only
+    (``-XX:TieredStopAtLevel=1``): a short-lived JVM otherwise spends ~70 % of its CPU in the JIT
+    compilers, a core the other test worker needs (docs/benchmarks.md, "The test suite's JVMs")."""
+    return " ".join(filter(None, (JAVA_OPTIONS, archive_options(), os.environ.get("RULEWATCH_JAVA_OPTIONS", "").strip())))
+
+
 # Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
 # prints its UDF and schemas (kilobytes) each time a query starts, and Spark's start-up banner tells
 # how to change a log level. RULEWATCH_JVM_OUTPUT=all keeps them.
@@ -246,7 +254,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     for key, value in worker_daemon.confs(remote).items():
         builder = builder.config(key, value)
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
-    builder = builder.config("spark.driver.extraJavaOptions", f"{JAVA_OPTIONS} {archive_options()}".strip())
+    builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
     with _jvm_stderr_filtered():
         return builder.getOrCreate()
 
