@@ -6,9 +6,9 @@ import os
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from conftest import ROOT, cell_text
+from rulewatch.cli.jobs import notebook_client
 from rulewatch.spark.widgets import widget_env
 
 NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
@@ -19,7 +19,7 @@ def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixtu
     nb = nbformat.read(NOTEBOOK, as_version=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
     env.update(widget_env({"lakehouse": fixture_run.lakehouse.root, "rule_id": "2", "key": "", "show_identifiers": "true"}))
-    NotebookClient(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+    notebook_client(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
 
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]

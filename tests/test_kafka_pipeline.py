@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT, consume_all
+from rulewatch.cli.jobs import notebook_client
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.kafka.client import KafkaTopic, ensure_topic, spark_options
 from rulewatch.kafka.produce import TopicWriter, send_all
@@ -200,7 +201,6 @@ def test_starting_offsets_latest_skips_the_records_already_on_the_topic(spark, k
 
 def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it(spark, kafka_broker, tmp_path):
     import nbformat
-    from nbclient import NotebookClient
 
     values = [f'{{"transactionId": "capped-{i}"}}' for i in range(7)]
     topic = _small_topic(kafka_broker, "capped", values)
@@ -208,7 +208,7 @@ def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it
     widgets = {"lakehouse": lakehouse.root, "kafka_bootstrap": kafka_broker, "kafka_topic": topic.topic, "kafka_max_offsets": "3"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")} | widget_env(widgets)
     notebook = nbformat.read(ROOT / "notebooks" / "01_bronze.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+    notebook_client(notebook, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
 
     batches = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'bronze'").orderBy("batch_id")
     assert [r.rows_in for r in batches.collect()] == [3, 3, 1]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from conftest import ROOT, cell_text
+from rulewatch.cli.jobs import notebook_client
 from rulewatch.spark.pipeline import NO_RULES_WARNING
 from rulewatch.spark.widgets import int_widget, repository_root, resolve_path, widget_env
 
@@ -41,7 +41,7 @@ def _run(notebook: Path, widgets: dict[str, str] | None = None) -> list:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
     env.update(widget_env(widgets or {}))
     try:
-        NotebookClient(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(notebook.parent))
+        notebook_client(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(notebook.parent))
     finally:  # kept beside the checkout, so a failing assertion can be read against what the notebook showed
         nbformat.write(nb, notebook.parent.parent / f"executed-{notebook.name}")
     code = [c for c in nb.cells if c.cell_type == "code"]

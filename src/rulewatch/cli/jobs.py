@@ -227,11 +227,30 @@ def task_parameters(job: JobSpec, task: Task, overrides: dict[str, str]) -> dict
     return params
 
 
+def notebook_client(nb: Any, **options: Any) -> Any:
+    """An nbclient ``NotebookClient`` for ``nb`` that stops the kernel's heartbeat once the kernel is up.
+
+    nbclient tells a dead kernel by its process (the kernel manager), never by the heartbeat, whose
+    thread can only hang the run: at the end nbclient shuts the kernel down before it stops that
+    thread, and on a loaded machine the thread was seen waiting for ever inside its event loop, with
+    the run waiting on it (jupyter_client's ``HBChannel.stop`` joining it; two test workers on two
+    cores, the kernel's Spark stopping). Stopped while the kernel answers, it ends at once.
+    """
+    from nbclient import NotebookClient
+
+    class Client(NotebookClient):
+        async def async_start_new_kernel_client(self) -> Any:
+            client = await super().async_start_new_kernel_client()
+            client.hb_channel.stop()
+            return client
+
+    return Client(nb, **options)
+
+
 def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[Any, str | None]:
     """Run the notebook in a fresh python3 kernel; return it with outputs and the error, if any."""
     try:
         import nbformat
-        from nbclient import NotebookClient
         from nbclient.exceptions import CellExecutionError
     except ImportError as err:
         raise JobError(f"local job runs need nbformat, nbclient and ipykernel: pip install 'rulewatch[dev]' ({err})") from err
@@ -244,7 +263,7 @@ def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[An
     except (OSError, ValueError) as err:
         return None, f"{type(err).__name__}: cannot read notebook {task.notebook}: {err}"
     # The per-cell timeout is the task's whole timeout: the closest nbclient has; none, as on Databricks.
-    client = NotebookClient(nb, timeout=task.timeout_seconds, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client = notebook_client(nb, timeout=task.timeout_seconds, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     try:
         client.execute(env=env, cwd=str(cwd))
     except CellExecutionError as err:
