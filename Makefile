@@ -24,13 +24,8 @@ $(STAMP): pyproject.toml requirements.lock
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
 
-# Two workers, each taking whole test files (a file's module fixtures are built once): most of a
-# test's time is one JVM's single-threaded start and planning, so two share the two cores well once
-# the suite's JVMs compile with C1 only (tests/conftest.py; docs/benchmarks.md, "The test suite's JVMs").
-PYTEST_WORKERS := -n 2 --dist loadfile
-
 test: setup setup-spark40 browser
-	$(BIN)/pytest -q $(PYTEST_WORKERS)
+	$(BIN)/pytest -q
 	$(MAKE) --no-print-directory test-spark40
 
 # The oldest Spark line the supported Databricks Runtimes run (17.3 LTS is Spark 4.0.0; docs/deploy.md):
@@ -62,7 +57,7 @@ $(STAMP40): pyproject.toml requirements.lock
 # On Spark's own Python worker daemon: the main leg starts workers from rulewatch.spark.worker_daemon,
 # so the fallback (RULEWATCH_WORKER_DAEMON=off, and every session not built here) is checked here.
 test-spark40: setup-spark40
-	RULEWATCH_WORKER_DAEMON=off $(VENV40)/bin/pytest -q $(PYTEST_WORKERS) $(SPARK40_TESTS)
+	RULEWATCH_WORKER_DAEMON=off $(VENV40)/bin/pytest -q $(SPARK40_TESTS)
 
 # The report's browser test (tests/test_report_browser.py) looks at it in headless Chromium, and fails
 # rather than skips without one: install Debian's package when it is missing (as root, or through sudo).

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
-# Every Spark JVM of the suite (this process's, and those of the commands and notebooks it starts,
-# which inherit the environment) compiles with C1 only: the JIT would otherwise take most of a core
-# from the other test worker (`make test` runs two; docs/benchmarks.md, "The test suite's JVMs").
+# The commands and notebooks the tests start (they inherit the environment) compile with C1 only: a
+# short-lived JVM otherwise spends most of its CPU in the JIT (docs/benchmarks.md, "The test suite's
+# JVMs"). This process's own session lives through the suite and keeps the full JIT (see spark()).
 # An explicit RULEWATCH_JAVA_OPTIONS, even an empty one, is kept.
 os.environ.setdefault("RULEWATCH_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
@@ -39,20 +37,16 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
     return "\n".join(lines)[-limit:]
 
 
-@pytest.fixture
-def connect_port():
-    """Held while a test starts a local Spark Connect server: it always takes the same port
-    (session.LOCAL_CONNECT_PORT), so tests on two workers must take turns."""
-    with open(Path(tempfile.gettempdir()) / "rulewatch-tests-connect-port.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 @pytest.fixture(scope="session")
 def spark():
     from rulewatch.spark.session import get_spark
 
-    return get_spark("rulewatch-tests")
+    started_commands = os.environ.pop("RULEWATCH_JAVA_OPTIONS", None)
+    try:
+        return get_spark("rulewatch-tests")
+    finally:
+        if started_commands is not None:
+            os.environ["RULEWATCH_JAVA_OPTIONS"] = started_commands
 
 
 def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=None):

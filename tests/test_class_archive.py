@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -115,7 +114,3 @@ def test_rulewatch_java_options_come_last_and_win(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("RULEWATCH_JAVA_OPTIONS")
     assert driver_java_options() == f"{JAVA_OPTIONS} {archive_options()}".strip()
 
-
-@pytest.mark.spark
-def test_the_test_sessions_jvm_got_the_suites_options(spark) -> None:
-    assert spark.conf.get("spark.driver.extraJavaOptions").endswith(os.environ["RULEWATCH_JAVA_OPTIONS"])

@@ -19,9 +19,6 @@ from rulewatch.spark.metrics import PENDING
 from rulewatch.spark.session import LOCAL_CONNECT_PORT
 from test_crash import metrics_commits
 
-# Each test here starts a local Connect server on its fixed port, or holds that port itself.
-pytestmark = pytest.mark.usefixtures("connect_port")
-
 
 @pytest.mark.spark
 def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expected_alerts):

@@ -457,9 +457,7 @@ shutil.rmtree(root)
 
 @pytest.mark.spark
 @pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
-def test_spark_python_workers_take_the_pipelined_path(remote, request):
-    if remote:
-        request.getfixturevalue("connect_port")
+def test_spark_python_workers_take_the_pipelined_path(remote):
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_REMOTE"} | ({"RULEWATCH_REMOTE": remote} if remote else {})
     result = subprocess.run([sys.executable, "-c", WORKER_PROBE], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, why_it_failed(result.stderr)
