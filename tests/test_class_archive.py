@@ -10,7 +10,6 @@ import pytest
 from conftest import why_it_failed
 from rulewatch.spark import class_archive
 from rulewatch.spark.jars import java_binary
-from rulewatch.spark.class_archive import archive_options
 from rulewatch.spark.session import JAVA_OPTIONS, collector_option, driver_java_options
 
 @pytest.fixture
@@ -112,5 +111,4 @@ def test_rulewatch_java_options_come_last_and_win(monkeypatch: pytest.MonkeyPatc
     final = {line.split()[1]: line.split()[3] for line in flags.stdout.splitlines() if line.count("=") == 1 and len(line.split()) >= 4}
     assert (final["DontCompileHugeMethods"], final["TieredStopAtLevel"]) == ("true", "1")  # the project's -XX:- is overridden
     monkeypatch.delenv("RULEWATCH_JAVA_OPTIONS")
-    assert driver_java_options() == f"{JAVA_OPTIONS} {archive_options()}".strip()
-
+    assert driver_java_options() == f"{JAVA_OPTIONS} {class_archive.archive_options()}".strip()

@@ -122,8 +122,8 @@ JAVA_OPTIONS = " ".join(
 def driver_java_options() -> str:
     """The local driver JVM's options: the project's, this machine's class archive, then
     ``RULEWATCH_JAVA_OPTIONS`` last, so that they win. The test suite sets it to compile with C1 only
-    (``-XX:TieredStopAtLevel=1``): a short-lived JVM otherwise spends ~70 % of its CPU in the JIT
-    compilers, a core the other test worker needs (docs/benchmarks.md, "The test suite's JVMs")."""
+    (``-XX:TieredStopAtLevel=1``) for the commands it starts: a short-lived JVM otherwise spends ~70 %
+    of its CPU in the JIT compilers (docs/benchmarks.md, "The test suite's JVMs")."""
     return " ".join(filter(None, (JAVA_OPTIONS, archive_options(), os.environ.get("RULEWATCH_JAVA_OPTIONS", "").strip())))
 
 
