@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
 from conftest import FIXTURES, run_fixture_pipeline
+from rulewatch.spark import schema
 from rulewatch.spark.delta_log import actions
 
 ALERT_KEY = StructType([
@@ -90,6 +91,35 @@ def test_window_metrics_cover_every_alert_key(spark, fixture_run):
     assert missing.count() == 0
     # The peak of a batch is never below the value at its last event.
     assert metrics.where(F.col("max_aggregate") < F.col("aggregate_value")).count() == 0
+
+
+def test_window_metrics_keep_the_keys_near_a_limit_and_count_every_key(spark, fixture_run):
+    """Counted from silver and the rules file, not from gold: every key an active rule evaluates is
+    counted in the rule's summary row; only keys that came near or over the limit have rows of their own."""
+    lakehouse = fixture_run.lakehouse
+    silver = spark.read.format("delta").load(lakehouse.silver_transactions)
+    late = spark.read.format("delta").load(lakehouse.late_events).select("transaction_id")
+    evaluated = silver.join(late, "transaction_id", "left_anti")
+    window_metrics = spark.read.format("delta").load(lakehouse.window_metrics)
+    summaries, metrics = window_metrics.where("keys_sketch IS NOT NULL"), window_metrics.where("keys_sketch IS NULL")
+    assert summaries.where("group_key IS NOT NULL OR keys_evaluated IS NULL").count() == 0
+    for rule in json.loads((FIXTURES / "rules.json").read_text()):
+        rid, columns = rule["ruleId"], [schema.FIELD_COLUMNS[f] for f in rule["groupingKeyNames"]]
+        seen = evaluated.where(F.expr(" AND ".join(f"{c} IS NOT NULL" for c in columns)))
+        for field, value in rule.get("filter", {}).items():
+            seen = seen.where(F.col(schema.FIELD_COLUMNS[field]) == value)
+        keys = {r.k for r in seen.select(F.concat_ws("|", *columns).alias("k")).distinct().collect()}
+        if rule["ruleState"] != "ACTIVE":
+            keys = set()
+        counted = summaries.where(F.col("rule_id") == rid)
+        assert sum(r.keys_evaluated for r in counted.collect()) == len(keys), rid
+        estimate = counted.agg(F.hll_sketch_estimate(F.hll_union_agg("keys_sketch"))).first()[0]
+        assert (estimate or 0) == len(keys), rid
+
+        peaks = metrics.where(F.col("rule_id") == rid).groupBy("group_key").agg(F.max("max_aggregate").alias("peak")).collect()
+        near = {r.group_key for r in peaks if r.peak is not None and r.peak >= Decimal(str(rule["limit"])) * Decimal("0.8")}
+        assert {r.group_key for r in peaks} == near, rid
+        assert near < keys or not keys, rid  # every active rule has keys far below its limit here
 
 
 def test_rerun_continues_from_checkpoints(spark, tmp_path):

@@ -15,6 +15,7 @@ from rulewatch.cli.remote import DEFAULT_JOB
 from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
+from rulewatch.spark.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -44,6 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state_slots=args.state_slots,
         allowed_lateness=args.allowed_lateness,
         alerts_topic=kafka_arguments.alerts_topic(args),
+        window_metrics=args.window_metrics,
     )
     lakehouse = Lakehouse(args.lakehouse)
     with exclusive(lakehouse):
@@ -157,6 +159,15 @@ STATE_SLOTS_HELP = (
 )
 
 
+def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--window-metrics", choices=WINDOW_METRICS_KEYS, default="near",
+        help=f"keys given a gold/window_metrics row per batch: near (default) those whose peak reached "
+        f"{NEAR_LIMIT_SHARE:.0%} of an upper limit, and every key of other rules; all: every key touched "
+        "(each rule's summary row there counts every evaluated key either way)",
+    )  # fmt: skip
+
+
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
@@ -164,6 +175,7 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    _window_metrics_option(parser)
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
     parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
@@ -220,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
     run.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
+    _window_metrics_option(run)
     kafka_arguments.add_options(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_run"))
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")

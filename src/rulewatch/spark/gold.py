@@ -30,7 +30,7 @@ from rulewatch.spark.metrics import Recorder, ensure_metrics_table, latency_colu
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.rules_table import ensure_rules_table, rule_change_feed
 from rulewatch.spark.session import session_confs
-from rulewatch.spark.settings import GoldSettings
+from rulewatch.spark.settings import HLL_LG_CONFIG_K, NEAR_LIMIT_SHARE, GoldSettings
 from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, sink_name, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
@@ -106,12 +106,16 @@ def write_batch(
     state_totals: StateTotals | None = None,
     alerts_topic: KafkaTopic | None = None,
     on_alerts: AlertsCommitted | None = None,
+    window_metrics: str = "near",
 ) -> None:
-    """Split one evaluator batch into the gold tables; every append is idempotent per batch id."""
+    """Split one evaluator batch into the gold tables; every append is idempotent per batch id.
+
+    ``window_metrics`` (GoldSettings'): which keys' window metrics are written (``kept_metric``)."""
     started = time.time()
     out = out.persist()
     try:
         batch = batch_column("gold_batch_id", batch_id)
+        kept = kept_metric() if window_metrics == "near" else F.lit(True)
         decision = F.current_timestamp()
         alerts = out.where("kind = 'alert'").select(
             F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
@@ -135,7 +139,7 @@ def write_batch(
             (F.unix_millis(decision) - F.col("ingest_ms")).alias("latency_ms"),
             batch,
         )
-        metrics = out.where("kind = 'metric'").select(
+        per_key = out.where((F.col("kind") == "metric") & kept).select(
             "rule_id",
             "rule_version",
             "group_key",
@@ -159,15 +163,18 @@ def write_batch(
             F.col("detail").alias("reason"),
             batch,
         )
-        counts = _counts(out, details=on_alerts is not None)
+        counts, summaries = _counts(out, kept, details=on_alerts is not None)
         fired = counts.pop("fired")
+        # Each rule's summary row rides in the per-key rows' append: a table of its own would cost a commit a batch.
+        summary = out.sparkSession.createDataFrame(summaries, SUMMARY_SCHEMA).select("*", batch)
+        metrics = per_key.unionByName(summary, allowMissingColumns=True) if summaries else per_key
         # A table this batch adds nothing to gets no commit (each costs a Delta state
         # reconstruction); the others are written at once, alerts not waiting behind the metrics.
         written: dict[str, int] = {}
         writes = []
         for frame, path, sink, rows in [
             (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
-            (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics")),
+            (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics") + len(summaries)),
             (late, lakehouse.late_events, "late_events", counts["late_events"]),
             (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
         ]:
@@ -202,18 +209,40 @@ def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse:
     crash_point(sink_name("kafka", "alerts"), batch_id, "after")
 
 
-def _counts(out: DataFrame, details: bool = False) -> dict[str, Any]:
-    """Row counts per output table, the batch's evaluator statistics and the alerts' times (with
-    ``details``, their ALERT_FIELDS), in one pass."""
+def kept_metric() -> F.Column:
+    """Whether a metric row goes to gold/window_metrics by default: always, unless its rule has an
+    upper limit above zero (GREATER, GREATER_EQUAL) and the key's batch peak stayed below
+    NEAR_LIMIT_SHARE of it. The share is computed as rule_effectiveness computes it from the stored
+    columns, so every key that view calls near has its rows; a key that alerted is above its limit."""
+    limit = F.col("limit_value").cast(schema.WINDOW_METRICS["limit"].dataType)
+    upper = F.col("operator").isin("GREATER", "GREATER_EQUAL") & (limit > 0)
+    share = F.col("max_aggregate").cast(schema.AGGREGATE).cast("double") / limit.cast("double")
+    return ~upper | (share >= NEAR_LIMIT_SHARE)
+
+
+# A rule's summary row in gold/window_metrics, as _counts finds it.
+SUMMARY_SCHEMA = "rule_id int, rule_version long, keys_evaluated long, keys_sketch binary"
+_SUMS = ("alerts", "metrics", "late_events", "rule_errors", "rows_in", "keys_touched", "state_rows_written", "state_bytes_written")
+
+
+def _counts(out: DataFrame, kept: F.Column, details: bool = False) -> tuple[dict[str, Any], list[tuple]]:
+    """Row counts per output table (``kept``: the window metrics written), the batch's evaluator
+    statistics and the alerts' times (with ``details``, their ALERT_FIELDS), and each rule's summary
+    row (rule, version, keys evaluated, their sketch), in one pass grouped by rule.
+
+    The evaluator sees all of a shard's rows at once, so a key is one metric row per rule in a batch."""
     kind = F.col("kind")
+    metric = kind == "metric"
     aggregate = F.col("aggregate_value").cast(schema.AGGREGATE).cast("string").alias("aggregate")
     fired = F.struct(*ALERT_FIELDS[:3], aggregate, *ALERT_FIELDS[4:]) if details else F.struct("ingest_ms", "event_ms")
-    return (
-        out.groupBy()
+    groups = (
+        out.groupBy("rule_id", "rule_version")
         .agg(
             F.count(F.when(kind == "alert", 1)).alias("alerts"),
             F.collect_list(F.when(kind == "alert", fired)).alias("fired"),
-            F.count(F.when(kind == "metric", 1)).alias("metrics"),
+            F.count(F.when(metric & kept, 1)).alias("metrics"),
+            F.count(F.when(metric, 1)).alias("keys_evaluated"),
+            F.hll_sketch_agg(F.when(metric, F.col("group_key")), HLL_LG_CONFIG_K).alias("keys_sketch"),
             F.count(F.when(kind == "late", 1)).alias("late_events"),
             F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
             _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
@@ -223,9 +252,14 @@ def _counts(out: DataFrame, details: bool = False) -> dict[str, Any]:
             F.max("active_rules").alias("active_rules"),
             F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
         )
-        .first()
-        .asDict()
+        .collect()
     )
+    counts: dict[str, Any] = {name: sum(g[name] for g in groups) for name in _SUMS}
+    counts["fired"] = [alert for g in groups for alert in g.fired]
+    for name in ("active_rules", "rules_version"):
+        counts[name] = max((g[name] for g in groups if g[name] is not None), default=None)
+    summaries = [(g.rule_id, g.rule_version, g.keys_evaluated, g.keys_sketch) for g in groups if g.keys_evaluated]
+    return counts, summaries
 
 
 def _total(col: str | F.Column) -> F.Column:
@@ -255,7 +289,7 @@ def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
         partial(tables.ensure_table, spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event"),
         partial(
             tables.ensure_table, spark, lakehouse.window_metrics, schema.WINDOW_METRICS,
-            "Window aggregate per rule and key touched, per micro-batch",
+            "Window aggregate per rule and key near its limit (or every key touched), and per rule the keys evaluated, per micro-batch",
             stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
         ),
         partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
@@ -292,7 +326,9 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, totals, settings.alerts_topic, on_alerts)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(
+                df, batch_id, lakehouse, recorder, totals, settings.alerts_topic, on_alerts, settings.window_metrics
+            )))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

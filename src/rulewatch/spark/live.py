@@ -648,6 +648,7 @@ def _settings(args: argparse.Namespace) -> LiveSettings:
             allowed_lateness=args.allowed_lateness,
             alerts_topic=kafka_arguments.alerts_topic(args),
             no_data_batches=args.gold_no_data_batches,
+            window_metrics=args.window_metrics,
         ),
         shuffle_partitions=args.shuffle_partitions,
         metrics_every=args.metrics_every,

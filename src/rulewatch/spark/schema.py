@@ -146,6 +146,9 @@ WINDOW_METRICS = StructType([
     StructField("window_start", TimestampType(), metadata={"comment": "Start of that window (inclusive)"}),
     StructField("window_end", TimestampType(), metadata={"comment": "End of that window (inclusive)"}),
     StructField("gold_batch_id", LongType(), metadata={"comment": "Gold micro-batch that wrote the row"}),
+    # A rule's summary row per batch (no key): every key it evaluated, also those without a row here.
+    StructField("keys_evaluated", LongType(), metadata={"comment": "Summary row (group_key null): distinct keys the rule evaluated in the micro-batch"}),
+    StructField("keys_sketch", BinaryType(), metadata={"comment": "Summary row: those keys as an hll_sketch_agg sketch (lgConfigK 12); merge with hll_union_agg"}),
 ])  # fmt: skip
 
 LATE_EVENTS = StructType([

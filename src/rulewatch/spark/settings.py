@@ -42,6 +42,16 @@ def future_tolerance() -> str:
     return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
 
 
+# Share of its limit a key's batch peak must reach to count as "near the limit" (GREATER and
+# GREATER_EQUAL rules with a positive limit): rule_effectiveness counts such keys, and gold/window_metrics
+# keeps a row only for them (and for every key of the other rules) unless told to keep every key.
+NEAR_LIMIT_SHARE = 0.8
+WINDOW_METRICS_KEYS = ("near", "all")
+# The key sketches of gold/window_metrics' summary rows: hll_sketch_agg's default precision (~1.6 % standard error, exact in
+# practice up to a few hundred keys). Sketches merge only at one precision: the table's, not a setting.
+HLL_LG_CONFIG_K = 12
+
+
 @dataclass(frozen=True)
 class GoldSettings:
     shards: int = 16
@@ -55,6 +65,11 @@ class GoldSettings:
     # events wait behind it; a job run pays it once more before it ends (~5 s of a 20 s gold run at 10k
     # keys, docs/benchmarks.md). Off, the timers fire in the next data batch, this run's or the next one's.
     no_data_batches: bool = False
+    # Which keys get a gold/window_metrics row per batch: "near" those whose batch peak reached
+    # NEAR_LIMIT_SHARE of an upper limit (every key of the other rules), "all" every key touched.
+    # A summary row per rule and batch counts every evaluated key either way. At a million keys a row per key
+    # is most of what gold writes (~20-40 % of its time, docs/benchmarks.md).
+    window_metrics: str = "near"
 
     @property
     def layout(self) -> dict[str, int]:
@@ -66,6 +81,8 @@ class GoldSettings:
             raise ValueError(f"shards must be between 1 and 4096, got {self.shards}")
         if not 0 <= self.state_slots <= 1_000_000:
             raise ValueError(f"state_slots must be between 0 and 1,000,000, got {self.state_slots}")
+        if self.window_metrics not in WINDOW_METRICS_KEYS:
+            raise ValueError(f"window_metrics must be one of {', '.join(WINDOW_METRICS_KEYS)}, got {self.window_metrics!r}")
         parse_duration(self.cleanup_granularity)
         if parse_duration(self.allowed_lateness) < parse_duration(future_tolerance()):
             raise ValueError(
