@@ -165,9 +165,10 @@ def write_batch(
         )
         counts, summaries = _counts(out, kept, details=on_alerts is not None)
         fired = counts.pop("fired")
-        # Each rule's summary row rides in the per-key rows' append: a table of its own would cost a commit a batch.
-        summary = out.sparkSession.createDataFrame(summaries, SUMMARY_SCHEMA).select("*", batch)
-        metrics = per_key.unionByName(summary, allowMissingColumns=True) if summaries else per_key
+        metrics = per_key
+        if summaries:  # each rule's summary row rides in the per-key rows' append: a table of its own costs a commit a batch
+            summary = out.sparkSession.createDataFrame(summaries, SUMMARY_SCHEMA).select("*", batch)
+            metrics = per_key.unionByName(summary, allowMissingColumns=True)
         # A table this batch adds nothing to gets no commit (each costs a Delta state
         # reconstruction); the others are written at once, alerts not waiting behind the metrics.
         written: dict[str, int] = {}
@@ -322,13 +323,13 @@ def start_gold(
     check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)
     holder: dict = {}
     totals = _state_totals_of(holder)
+    write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,
+                    on_alerts=on_alerts, window_metrics=settings.window_metrics)  # fmt: skip
     writer = (
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(
-                df, batch_id, lakehouse, recorder, totals, settings.alerts_topic, on_alerts, settings.window_metrics
-            )))
+        .foreachBatch(per_run(lambda df, batch_id: write(df, batch_id)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):
