@@ -189,9 +189,9 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
         "lakehouse": "/lh", "tables": "", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
         "kafka_bootstrap": "", "kafka_topic": "", "kafka_starting_offsets": "earliest", "kafka_max_offsets": "",
-        "alerts_topic": "", "kafka_secret_scope": "", "shards": "16", "state_slots": "0",
+        "alerts_topic": "", "kafka_secret_scope": "", "shards": "16", "state_slots": "0", "window_metrics": "near",
     }  # fmt: skip
-    assert (params["gold"]["shards"], params["gold"]["state_slots"]) == ("16", "0")
+    assert (params["gold"]["shards"], params["gold"]["state_slots"], params["gold"]["window_metrics"]) == ("16", "0", "near")
     # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
     assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"
 

@@ -328,6 +328,19 @@ def test_other_viewers_get_stable_pseudonyms_for_account_identifiers_only(spark,
     assert a1.transaction_id == "t-a1"
 
 
+def test_catalog_statements_are_valid_sql_whatever_their_comments_say(spark, tmp_path):
+    """Run here, each statement stops at its missing tables or the workspace-only group function,
+    never at parsing: view comments hold apostrophes ("a key's ...")."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    statements = catalog_view_statements("spark_catalog", "default", Lakehouse(str(tmp_path / "none")), "fraud-investigators")
+    assert any("'s " in s.split(" AS ", 1)[0] for s in statements)  # an apostrophe in a comment
+    for statement in statements:
+        with pytest.raises(AnalysisException) as err:
+            spark.sql(statement)
+        assert not isinstance(err.value, ParseException), statement[:160]
+
+
 def test_catalog_statements_qualify_views_and_test_group_membership():
     statements = catalog_view_statements("main", "rulewatch", Lakehouse("/Volumes/main/rulewatch/lakehouse"), "fraud-investigators")
     assert [re.match(r"CREATE OR REPLACE VIEW `main`\.`rulewatch`\.`(\w+)`", s).group(1) for s in statements] == list(VIEW_NAMES)

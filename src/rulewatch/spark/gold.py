@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from decimal import Decimal
 from functools import partial
 from typing import Any, Callable, ContextManager
 
@@ -213,12 +214,12 @@ def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse:
 def kept_metric() -> F.Column:
     """Whether a metric row goes to gold/window_metrics by default: always, unless its rule has an
     upper limit above zero (GREATER, GREATER_EQUAL) and the key's batch peak stayed below
-    NEAR_LIMIT_SHARE of it. The share is computed as rule_effectiveness computes it from the stored
-    columns, so every key that view calls near has its rows; a key that alerted is above its limit."""
+    NEAR_LIMIT_SHARE of it or has no value. Compared in decimals from the stored column types, as
+    rule_effectiveness compares them, so every key that view calls near has its rows; a key that
+    alerted is above its limit."""
     limit = F.col("limit_value").cast(schema.WINDOW_METRICS["limit"].dataType)
     upper = F.col("operator").isin("GREATER", "GREATER_EQUAL") & (limit > 0)
-    share = F.col("max_aggregate").cast(schema.AGGREGATE).cast("double") / limit.cast("double")
-    return ~upper | (share >= NEAR_LIMIT_SHARE)
+    return ~upper | (F.col("max_aggregate").cast(schema.AGGREGATE) >= limit * F.lit(Decimal(str(NEAR_LIMIT_SHARE))))
 
 
 # A rule's summary row in gold/window_metrics, as _counts finds it.

@@ -16,7 +16,8 @@ from rulewatch.spark.delta_log import whole_history_is_appends
 from rulewatch.spark.lakehouse import is_table_name, table_ref
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
+    """``text`` as a SQL string literal (quotes and backslashes escaped)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -24,7 +25,7 @@ def _ddl(schema: StructType) -> str:
     """Column definitions; a field's ``metadata["comment"]`` becomes its column comment, shown by catalogs and dashboards."""
     return ", ".join(
         f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
-        + (f" COMMENT {_sql_string(f.metadata['comment'])}" if f.metadata.get("comment") else "")
+        + (f" COMMENT {sql_string(f.metadata['comment'])}" if f.metadata.get("comment") else "")
         for f in schema.fields
     )
 
@@ -95,7 +96,7 @@ def ensure_table(
     stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
     props = {"delta.appendOnly": "false", **stats, **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
-    comment_sql = f" COMMENT {_sql_string(comment)}" if comment else ""
+    comment_sql = f" COMMENT {sql_string(comment)}" if comment else ""
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {table_ref(table)} ({_ddl(schema)}) USING delta{comment_sql} "
         f"TBLPROPERTIES ({tbl_props})"

@@ -134,15 +134,15 @@ alerted AS (
 ),
 peaks AS (
   -- Nearness is only defined for upper limits: the evaluator records each key's peak, not its low.
+  -- In decimals, as gold.kept_metric decides which keys have rows: a double ratio puts 2.4 of 3 below 80 %.
   SELECT rule_id, group_key,
-    max(CASE WHEN operator IN ('GREATER', 'GREATER_EQUAL') AND `limit` > 0
-             THEN CAST(max_aggregate AS DOUBLE) / CAST(`limit` AS DOUBLE) END) AS peak_share
+    max(operator IN ('GREATER', 'GREATER_EQUAL') AND `limit` > 0 AND max_aggregate >= `limit` * {NEAR_LIMIT_SHARE}) AS near
   FROM {{window_metrics}}
   WHERE keys_sketch IS NULL
   GROUP BY rule_id, group_key
 ),
 near AS (
-  SELECT p.rule_id, count_if(p.peak_share >= {NEAR_LIMIT_SHARE} AND a.group_key IS NULL) AS keys_near_limit
+  SELECT p.rule_id, count_if(p.near AND a.group_key IS NULL) AS keys_near_limit
   FROM peaks p
   LEFT JOIN (SELECT DISTINCT rule_id, group_key FROM {{alerts}}) a ON a.rule_id = p.rule_id AND a.group_key = p.group_key
   GROUP BY p.rule_id
@@ -155,7 +155,8 @@ sketches AS (
   SELECT rule_id, hll_sketch_agg(group_key, {HLL_LG_CONFIG_K}) FROM {{window_metrics}} WHERE keys_sketch IS NULL GROUP BY rule_id
 ),
 keys AS (
-  SELECT s.rule_id, hll_sketch_estimate(hll_union_agg(s.keys_sketch)) AS keys_evaluated, first(n.keys_near_limit) AS keys_near_limit
+  SELECT s.rule_id, hll_sketch_estimate(hll_union_agg(s.keys_sketch)) AS keys_evaluated,
+    coalesce(first(n.keys_near_limit), 0) AS keys_near_limit
   FROM sketches s
   LEFT JOIN near n ON n.rule_id = s.rule_id
   GROUP BY s.rule_id
@@ -297,7 +298,7 @@ def catalog_view_statements(catalog: str, schema_name: str, lakehouse: Lakehouse
     sources = {name: tables.table_ref(lakehouse.table(layer, table)) for name, (layer, table, _) in SOURCES.items()} | qualified
     member = f"is_account_group_member('{pii_group}')"
     return [
-        f"CREATE OR REPLACE VIEW {qualified[v.name]} COMMENT '{v.comment}' AS {render(v, sources, member)}" for v in VIEWS
+        f"CREATE OR REPLACE VIEW {qualified[v.name]} COMMENT {tables.sql_string(v.comment)} AS {render(v, sources, member)}" for v in VIEWS
     ]
 
 
