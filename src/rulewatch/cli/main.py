@@ -162,8 +162,9 @@ STATE_SLOTS_HELP = (
 def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window-metrics", choices=WINDOW_METRICS_KEYS, default="near",
+        # argparse %-formats help texts: the share's percent sign doubled.
         help=f"keys given a gold/window_metrics row per batch: near (default) those whose peak reached "
-        f"{NEAR_LIMIT_SHARE:.0%} of an upper limit, and every key of other rules; all: every key touched "
+        f"{NEAR_LIMIT_SHARE:.0%}% of an upper limit, and every key of other rules; all: every key touched "
         "(each rule's summary row there counts every evaluated key either way)",
     )  # fmt: skip
 
