@@ -330,7 +330,7 @@ def start_gold(
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(lambda df, batch_id: write(df, batch_id)))
+        .foreachBatch(per_run(write))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

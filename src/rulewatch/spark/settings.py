@@ -68,7 +68,7 @@ class GoldSettings:
     # Which keys get a gold/window_metrics row per batch: "near" those whose batch peak reached
     # NEAR_LIMIT_SHARE of an upper limit (every key of the other rules), "all" every key touched.
     # A summary row per rule and batch counts every evaluated key either way. At a million keys a row per key
-    # is most of what gold writes (~20-40 % of its time, docs/benchmarks.md).
+    # is most of what gold writes (its append ~1-2 s of a ~15 s gold layer here, docs/benchmarks.md).
     window_metrics: str = "near"
 
     @property
