@@ -16,8 +16,10 @@ FIXTURES = ROOT / "fixtures"
 # The commands and notebooks the tests start (they inherit the environment) compile with C1 only: a
 # short-lived JVM otherwise spends most of its CPU in the JIT (docs/benchmarks.md, "The test suite's
 # JVMs"). This process's own session lives through the suite and keeps the full JIT (see spark()).
-# An explicit RULEWATCH_JAVA_OPTIONS, even an empty one, is kept.
-os.environ.setdefault("RULEWATCH_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# C1 alone gets HotSpot's small code cache (48 MB instead of 240 MB), which a live stream restarting
+# its queries filled in CI ("Out of space in CodeCache for method handle intrinsic" killed the JVM),
+# so the cache keeps the full JIT's size. An explicit RULEWATCH_JAVA_OPTIONS, even an empty one, is kept.
+os.environ.setdefault("RULEWATCH_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 def cell_text(cell) -> str:
