@@ -335,3 +335,10 @@ def test_bench_pipeline_refuses_two_state_layouts_before_starting_spark(tmp_path
     code, err = cli(["bench", "--pipeline", "--state-slots", "0", "16"], capsys)
     assert (code, err) == (2, "rulewatch: bench --pipeline runs the job with one state layout; give one --state-slots value\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_rounds_without_the_pipeline_is_refused_before_starting_spark(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["bench", "--rounds", "2"], capsys)
+    assert (code, err) == (2, "rulewatch: bench --rounds repeats the whole job: give --pipeline with it\n")
+    assert list(tmp_path.iterdir()) == []

@@ -80,6 +80,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.pipeline and len(set(args.state_slots or [])) > 1:
         print("rulewatch: bench --pipeline runs the job with one state layout; give one --state-slots value", file=sys.stderr)
         return 2
+    if args.rounds > 1 and not args.pipeline:
+        print("rulewatch: bench --rounds repeats the whole job: give --pipeline with it", file=sys.stderr)
+        return 2
     spark = get_spark("rulewatch-bench")
     if args.pipeline:
         from rulewatch.cli.bench import bench_pipeline, layout_name
