@@ -21,9 +21,33 @@ from test_crash import RULES, run_cli
 
 def test_a_checkpoint_without_a_committed_batch_takes_the_layout_it_is_given(tmp_path):
     checkpoint = tmp_path / "gold"
-    check_gold_layout(str(checkpoint), {"shards": 4, "state_slots": 0})
-    check_gold_layout(str(checkpoint), {"shards": 8, "state_slots": 16})  # nothing evaluated yet: nothing to move
-    assert json.loads((checkpoint / GOLD_LAYOUT).read_text()) == {"shards": 8, "state_slots": 16}
+    assert check_gold_layout(str(checkpoint), {"shards": 4, "state_slots": 0}, partitions=4) == 4
+    # Nothing evaluated yet: nothing to move, and the shards spread over the partitions it starts with.
+    assert check_gold_layout(str(checkpoint), {"shards": 8, "state_slots": 16}, partitions=2) == 2
+    assert json.loads((checkpoint / GOLD_LAYOUT).read_text()) == {"shards": 8, "state_slots": 16, "shard_partitions": 2}
+
+
+def _ran(checkpoint: Path, record: dict | None) -> Path:
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1\n{}\n")
+    if record is not None:
+        (checkpoint / GOLD_LAYOUT).write_text(json.dumps(record))
+    return checkpoint
+
+
+def test_a_checkpoint_that_has_run_keeps_the_shard_labels_its_state_is_keyed_by(tmp_path):
+    layout = {"shards": 4, "state_slots": 0}
+    # Spark keeps a checkpoint's partition count, so a run asking for another keeps the recorded spread.
+    spread = _ran(tmp_path / "spread", {**layout, "shard_partitions": 4})
+    assert check_gold_layout(str(spread), layout, partitions=2) == 4
+    # Before the record held the spread, shards were grouped by 0 .. shards-1: they stay so.
+    older = _ran(tmp_path / "older", layout)
+    assert check_gold_layout(str(older), layout, partitions=4) == 0
+    unrecorded = _ran(tmp_path / "unrecorded", None)
+    assert check_gold_layout(str(unrecorded), layout, partitions=4) == 0
+    assert json.loads((unrecorded / GOLD_LAYOUT).read_text()) == {**layout, "shard_partitions": 0}
+    assert check_gold_layout(str(unrecorded), layout, partitions=4) == 0
+    assert check_gold_layout("s3://bucket/lakehouse/_checkpoints/gold", layout, partitions=4) == 0  # no record there
 
 
 def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, capsys):

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark import schema, tables
-from rulewatch.spark.gold import GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
+from rulewatch.spark.gold import SHUFFLE_PARTITIONS, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
 from rulewatch.spark.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.engine.rules import Rule, parse_rules
@@ -122,7 +122,8 @@ def bench(
     root = workdir or tempfile.mkdtemp(prefix="rulewatch-bench-")
     shutil.rmtree(root, ignore_errors=True)
     slot_options = list(dict.fromkeys(slot_options))  # a layout given twice is measured once
-    settings = GoldSettings(shards=shards, max_files_per_trigger=1)
+    # Spread as a new checkpoint of gold's would be (start_gold), for the pass-through as for the evaluator.
+    settings = GoldSettings(shards=shards, max_files_per_trigger=1, shard_partitions=int(spark.conf.get(SHUFFLE_PARTITIONS)))
     rules = parse_rules([{**BENCH_RULES[0], "limit": limit}])
     lakehouses = []
     for name, n, k, files in [("warmup", 2_000, 100, 2), ("lakehouse", events, keys, max(1, events // batch_events))]:

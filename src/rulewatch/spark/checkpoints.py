@@ -170,35 +170,43 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
 
 
 GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spark's own files
+SHARD_PARTITIONS = "shard_partitions"  # in it since the shards' labels were spread (engine.shards)
 
 
 def _as_flags(layout: dict[str, int]) -> str:
     return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in layout.items())
 
 
-def check_gold_layout(checkpoint: str, layout: dict[str, int]) -> None:
+def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0) -> int:
     """Refuse to resume gold with another shard count or state layout than it began with; record them.
 
     A key's window history lives in the shard its hash picked, and a rule change reaches only the
     shards the query had when it read the change: with another count, keys move to shards without
     their history or without any rule, and detection silently stops for them. A checkpoint with no
     committed batch yet takes the layout it is given (as does one from before the record existed).
+
+    Returns the partition count the shards' labels are spread over (``engine.shards``): a new
+    checkpoint's ``partitions``, the record's for one that has run, 0 (labels 0 .. shards-1) for one
+    whose record predates it, and for a ``scheme://`` checkpoint, where no record is kept.
     """
     if "://" in checkpoint:
-        return
+        return 0
     record = Path(checkpoint) / GOLD_LAYOUT
-    if record.exists() and _numbered(Path(checkpoint) / "commits"):
+    has_run = bool(_numbered(Path(checkpoint) / "commits"))
+    if record.exists() and has_run:
         stored = json.loads(record.read_text(encoding="utf-8"))
-        if stored != layout:
-            began = _as_flags(stored)
+        if {name: stored.get(name) for name in layout} != layout:
+            began = _as_flags({name: stored.get(name) for name in layout})
             raise CheckpointError(
                 f"gold checkpoint {checkpoint} began with {began}; this run asks for {_as_flags(layout)}. Keys would move to "
                 f"shards without their window history or rules and alerts would be missed silently. Run with "
                 f"{began}, or rebuild gold to change them ({RECOVERY})."
             )
-        return
+        return int(stored.get(SHARD_PARTITIONS, 0))
+    spread = 0 if has_run else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(layout) + "\n", encoding="utf-8")
+    record.write_text(json.dumps({**layout, SHARD_PARTITIONS: spread}) + "\n", encoding="utf-8")
+    return spread
 
 
 # The pipeline_metrics rows each query writes, by layer (the ingest query writes both of its layers').

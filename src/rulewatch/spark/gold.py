@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from decimal import Decimal
+from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, ContextManager
 
@@ -24,7 +25,7 @@ from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.spark.processor import RuleProcessor
 from rulewatch.kafka import alerts as kafka_alerts
 from rulewatch.kafka.client import KafkaTopic
-from rulewatch.spark.keying import fan_out, keysets
+from rulewatch.spark.keying import fan_out, keysets, shard_label
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.packing import pack
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table, latency_columns, metrics_row
@@ -35,6 +36,7 @@ from rulewatch.spark.settings import HLL_LG_CONFIG_K, NEAR_LIMIT_SHARE, GoldSett
 from rulewatch.spark.sinks import append_once, batch_column, crash_point, per_run, sink_name, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
@@ -46,7 +48,7 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    fanned = fan_out(watermarked, keysets(tables.read(spark, lakehouse.rules)), settings.shards)
+    fanned = fan_out(watermarked, keysets(tables.read(spark, lakehouse.rules)), settings.shard_labels)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(
         "shard",
@@ -72,7 +74,7 @@ def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSetti
 
 def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettings) -> DataFrame:
     # Every shard needs every rule change and command: broadcast by fanning out to all shards.
-    return stream.crossJoin(spark.range(settings.shards).withColumnRenamed("id", "shard"))
+    return stream.crossJoin(spark.range(settings.shards).select(shard_label(F.col("id"), settings.shard_labels).alias("shard")))
 
 
 def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
@@ -321,7 +323,10 @@ def start_gold(
     ``foreachBatch`` in the server's own Python process)."""
     ensure_gold_tables(spark, lakehouse)
     recorder = recorder or Recorder(lakehouse, "gold")
-    check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)
+    # New checkpoints spread their shards over the partitions the query starts with; a resumed one
+    # keeps its record's (Spark keeps the checkpoint's partition count, and its state the labels).
+    partitions = int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
+    settings = replace(settings, shard_partitions=check_gold_layout(lakehouse.checkpoint("gold"), settings.layout, partitions))
     holder: dict = {}
     totals = _state_totals_of(holder)
     write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,

@@ -31,8 +31,10 @@ def _escape(part: Column) -> Column:
     return F.replace(F.replace(part, F.lit("\\"), F.lit("\\\\")), F.lit("|"), F.lit("\\|"))
 
 
-def fan_out(events: DataFrame, keyset_rows: DataFrame, shards: int) -> DataFrame:
-    """One row per (event, keyset) whose grouping fields are all present, with its hash shard.
+def fan_out(events: DataFrame, keyset_rows: DataFrame, labels: list[int]) -> DataFrame:
+    """One row per (event, keyset) whose grouping fields are all present, with its hash shard's label.
+
+    ``labels`` (``shard_labels``) are the values the shards are grouped by, one per shard.
 
     The key's parts are looked up with one CASE per position instead of a map and higher-order
     functions: those are interpreted row by row, these compile with the rest of the stage (1M
@@ -49,9 +51,14 @@ def fan_out(events: DataFrame, keyset_rows: DataFrame, shards: int) -> DataFrame
         events.crossJoin(keyed)
         .where(reduce(operator.and_, present))
         .withColumn("group_key", F.concat_ws("|", *[_escape(part) for part in parts]))
-        .withColumn("shard", F.pmod(F.xxhash64("keyset", "group_key"), F.lit(shards)))
+        .withColumn("shard", shard_label(F.pmod(F.xxhash64("keyset", "group_key"), F.lit(len(labels))), labels))
         .drop("groupingKeyNames")
     )
+
+
+def shard_label(index: Column, labels: list[int]) -> Column:
+    """The label of shard number ``index`` (0-based), as a long: the type ``engine.shards`` hashes."""
+    return F.element_at(F.array(*[F.lit(label) for label in labels]).cast("array<bigint>"), index.cast("int") + 1)
 
 
 def _part(name: Column) -> Column:

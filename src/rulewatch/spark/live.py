@@ -29,7 +29,7 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from rulewatch.spark import generate, tables
 from rulewatch.spark.bronze import Source, check_source
 from rulewatch.spark.checkpoints import check_gold_layout, check_queries
-from rulewatch.spark.gold import GoldSettings, start_gold
+from rulewatch.spark.gold import SHUFFLE_PARTITIONS, GoldSettings, start_gold
 from rulewatch.spark.ingest import start_ingest
 from rulewatch.kafka import arguments as kafka_arguments
 from rulewatch.kafka.client import ensure_topic
@@ -47,7 +47,6 @@ DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.
 Log = Callable[[str], None]
 
 
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rulewatch.kafka.client import KafkaTopic
 from rulewatch.engine.rules import parse_duration
+from rulewatch.engine.shards import shard_labels
 
 # An event time further than this past its own ingest time is quarantined. A future-dated event
 # would otherwise drag the watermark ahead and make every on-time event after it "late"; with the
@@ -70,11 +71,19 @@ class GoldSettings:
     # A summary row per rule and batch counts every evaluated key either way. At a million keys a row per key
     # is most of what gold writes (its append ~1-2 s of a ~15 s gold layer here, docs/benchmarks.md).
     window_metrics: str = "near"
+    # The stateful stage's partitions the shards' labels are spread over (keying.shard_labels); start_gold
+    # takes it from the checkpoint's record. 0: labels 0 .. shards-1, as before the record held it.
+    shard_partitions: int = 0
 
     @property
     def layout(self) -> dict[str, int]:
         """What gold's checkpoint is bound to (checkpoints.check_gold_layout)."""
         return {"shards": self.shards, "state_slots": self.state_slots}
+
+    @property
+    def shard_labels(self) -> list[int]:
+        """The values the evaluator groups its shards by."""
+        return shard_labels(self.shards, self.shard_partitions)
 
     def __post_init__(self) -> None:
         if not 1 <= self.shards <= 4096:
