@@ -51,3 +51,10 @@ def test_evaluator_bench_measures_each_layout_once_beside_the_pass_through(spark
     written = [int(r[-1].replace(",", "")) for r in rows]
     # Only the evaluators keep state.
     assert written[0] == 0 and written[1] > 0 and written[2] > 0, out
+    # Each row is followed by where its seconds went; only the evaluators have a stateful operator's part.
+    splits = re.findall(r"^    queryPlanning (\d+\.\d)s, latestOffset \d+\.\ds, addBatch (\d+\.\d)s(.*)$", out, re.M)
+    assert len(splits) == 3 and all(float(add_batch) > 0 for _, add_batch, _ in splits), out
+    assert splits[0][2] == "", out
+    for _, _, operator in splits[1:]:
+        updates = re.fullmatch(r"; stateful operator, task time: updates (\d+\.\d)s, commit \d+\.\ds, removals \d+\.\ds", operator)
+        assert updates and float(updates[1]) > 0, out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -44,6 +44,10 @@ class Measurement:
     seconds: float
     state_rows_updated: int = 0
     state_bytes: int = 0
+    # Where the seconds went, from the query's progress reports: the driver's per-batch phases
+    # (wall time) and the stateful operator's parts (task time, summed over its partitions).
+    phases_ms: dict[str, int] = field(default_factory=dict)
+    operator_ms: dict[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -78,11 +82,29 @@ def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
     query.awaitTermination()
     seconds = time.monotonic() - started
     updated = memory = 0
+    phases: dict[str, int] = {}
+    parts: dict[str, int] = {}
     for progress in query.recentProgress:
+        for phase in PHASES:
+            phases[phase] = phases.get(phase, 0) + progress.get("durationMs", {}).get(phase, 0)
         for op in progress.get("stateOperators", []):
             updated += op.get("numRowsUpdated", 0)
             memory = max(memory, op.get("memoryUsedBytes", 0))
-    return Measurement(name, events, seconds, updated, memory)
+            for part, key in OPERATOR_PARTS.items():
+                parts[part] = parts.get(part, 0) + op.get(key, 0)
+    return Measurement(name, events, seconds, updated, memory, phases, parts)
+
+
+PHASES = ("queryPlanning", "latestOffset", "addBatch")  # the rest of a batch's trigger is ~0 here
+OPERATOR_PARTS = {"updates": "allUpdatesTimeMs", "commit": "commitTimeMs", "removals": "allRemovalsTimeMs"}
+
+
+def time_split(m: Measurement) -> str:
+    """One line naming where a measurement's seconds went (``Measurement.phases_ms`` / ``operator_ms``)."""
+    text = ", ".join(f"{phase} {m.phases_ms.get(phase, 0) / 1000:.1f}s" for phase in PHASES)
+    if m.operator_ms:
+        text += "; stateful operator, task time: " + ", ".join(f"{part} {ms / 1000:.1f}s" for part, ms in m.operator_ms.items())
+    return text
 
 
 def layout_name(state_slots: int) -> str:

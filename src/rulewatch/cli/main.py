@@ -66,7 +66,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from rulewatch.cli.bench import bench
+    from rulewatch.cli.bench import bench, time_split
     from rulewatch.spark.session import get_spark
 
     if args.scale_curve:
@@ -123,6 +123,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"  {m.name:<34} {m.seconds:7.1f}s  {m.rate:10,.0f} events/s  ratio {m.rate / floor:4.2f}"
             f"  state rows written/batch {m.state_rows_updated / batches:,.0f}  state {m.state_bytes / args.keys:,.0f} B/key"
         )
+        print(f"    {time_split(m)}")
     return 0
 
 
