@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -71,6 +72,10 @@ def generate(spark: SparkSession, lakehouse: Lakehouse, events: int, keys: int, 
         tables.save(df.coalesce(1).write.format("delta").mode("append"), lakehouse.silver_transactions)
 
 
+PHASES = ("queryPlanning", "latestOffset", "addBatch")  # the rest of a batch's trigger is ~0 here
+OPERATOR_PARTS = {"updates": "allUpdatesTimeMs", "commit": "commitTimeMs", "removals": "allRemovalsTimeMs"}
+
+
 def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
     started = time.monotonic()
     query = (
@@ -82,21 +87,16 @@ def _run(name: str, df: DataFrame, checkpoint: str, events: int) -> Measurement:
     query.awaitTermination()
     seconds = time.monotonic() - started
     updated = memory = 0
-    phases: dict[str, int] = {}
-    parts: dict[str, int] = {}
+    phases: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
     for progress in query.recentProgress:
-        for phase in PHASES:
-            phases[phase] = phases.get(phase, 0) + progress.get("durationMs", {}).get(phase, 0)
+        phases.update({phase: progress.get("durationMs", {}).get(phase, 0) for phase in PHASES})
         for op in progress.get("stateOperators", []):
             updated += op.get("numRowsUpdated", 0)
             memory = max(memory, op.get("memoryUsedBytes", 0))
-            for part, key in OPERATOR_PARTS.items():
-                parts[part] = parts.get(part, 0) + op.get(key, 0)
-    return Measurement(name, events, seconds, updated, memory, phases, parts)
+            parts.update({part: op.get(key, 0) for part, key in OPERATOR_PARTS.items()})
+    return Measurement(name, events, seconds, updated, memory, dict(phases), dict(parts))
 
-
-PHASES = ("queryPlanning", "latestOffset", "addBatch")  # the rest of a batch's trigger is ~0 here
-OPERATOR_PARTS = {"updates": "allUpdatesTimeMs", "commit": "commitTimeMs", "removals": "allRemovalsTimeMs"}
 
 
 def time_split(m: Measurement) -> str:

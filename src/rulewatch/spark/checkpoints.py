@@ -195,8 +195,9 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
     has_run = bool(_numbered(Path(checkpoint) / "commits"))
     if record.exists() and has_run:
         stored = json.loads(record.read_text(encoding="utf-8"))
-        if {name: stored.get(name) for name in layout} != layout:
-            began = _as_flags({name: stored.get(name) for name in layout})
+        began_with = {name: stored.get(name) for name in layout}
+        if began_with != layout:
+            began = _as_flags(began_with)
             raise CheckpointError(
                 f"gold checkpoint {checkpoint} began with {began}; this run asks for {_as_flags(layout)}. Keys would move to "
                 f"shards without their window history or rules and alerts would be missed silently. Run with "

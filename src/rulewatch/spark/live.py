@@ -47,8 +47,6 @@ DEMO_RULES = [ROOT / "fixtures" / "rules.json", ROOT / "fixtures" / "live_rules.
 Log = Callable[[str], None]
 
 
-
-
 @dataclass(frozen=True)
 class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from rulewatch.kafka.client import KafkaTopic
 from rulewatch.engine.rules import parse_duration
@@ -71,7 +72,7 @@ class GoldSettings:
     # A summary row per rule and batch counts every evaluated key either way. At a million keys a row per key
     # is most of what gold writes (its append ~1-2 s of a ~15 s gold layer here, docs/benchmarks.md).
     window_metrics: str = "near"
-    # The stateful stage's partitions the shards' labels are spread over (keying.shard_labels); start_gold
+    # The stateful stage's partitions the shards' labels are spread over (engine.shards); start_gold
     # takes it from the checkpoint's record. 0: labels 0 .. shards-1, as before the record held it.
     shard_partitions: int = 0
 
@@ -80,7 +81,7 @@ class GoldSettings:
         """What gold's checkpoint is bound to (checkpoints.check_gold_layout)."""
         return {"shards": self.shards, "state_slots": self.state_slots}
 
-    @property
+    @cached_property  # evaluated() fans events and rule changes out by it: computed once per settings
     def shard_labels(self) -> list[int]:
         """The values the evaluator groups its shards by."""
         return shard_labels(self.shards, self.shard_partitions)
