@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from rulewatch.spark.class_archive import SPARK_HOME, archive_options
 from rulewatch.spark.jars import fetch_spark_jars
 from rulewatch.spark.settings import connect_server_elsewhere, connect_server_here
-from rulewatch.spark import worker_daemon
+from rulewatch.spark import worker_daemon, worker_path
 from rulewatch.spark.widgets import repository_root
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -251,11 +251,12 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     root = repository_root()
     if root is not None:
         builder = builder.config("spark.sql.warehouse.dir", str(root / "spark-warehouse"))
-    for key, value in worker_daemon.confs(remote).items():
+    workers_from_rulewatch = worker_daemon.applies(remote)
+    for key, value in worker_daemon.confs(workers_from_rulewatch).items():
         builder = builder.config(key, value)
     builder = builder.config("spark.jars", ",".join(str(p) for p in fetch_spark_jars()))
     builder = builder.config("spark.driver.extraJavaOptions", driver_java_options())
-    with _jvm_stderr_filtered():
+    with _jvm_stderr_filtered(), worker_path.jvm_python_path(workers_from_rulewatch):
         return builder.getOrCreate()
 
 

@@ -14,8 +14,9 @@ from the installed pyspark"):
   objects again (~5 ms a task; 1.9 s over gold's stateful tasks at 1M keys). Frozen before the
   fork, they are skipped.
 numpy's global random state would be inherited by every fork; each child reseeds it, as a fresh
-import would. The sessions rulewatch builds use it (a local Connect server's workers included);
-Databricks and remote Connect servers start their own workers.
+import would. The processes Spark starts without a daemon drop the archives at start-up
+(``rulewatch.spark.worker_path``). The sessions rulewatch builds use it (a local Connect server's
+workers included); Databricks and remote Connect servers start their own workers.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import gc
 import os
 import subprocess
 import sys
-from importlib.machinery import PathFinder
-from pathlib import Path
+
+from rulewatch.spark.worker_path import drop_spark_archives
 
 MODULE = __name__
 SWITCH = "RULEWATCH_WORKER_DAEMON"
@@ -34,18 +35,19 @@ SWITCH = "RULEWATCH_WORKER_DAEMON"
 PRELOAD = ("pyspark.worker", "pandas", "pyarrow", "pyspark.sql.streaming.stateful_processor_api_client")
 
 
-def confs(remote: str | None) -> dict[str, str]:
-    """The session settings that start workers through this module, for a session this process
-    builds or a Connect server it starts (``remote`` "local..."): their workers share this
-    environment. None if ``RULEWATCH_WORKER_DAEMON=off`` or the workers' Python cannot import it."""
-    # imported here, not at the top: the daemon itself must load none of rulewatch's modules
+def applies(remote: str | None) -> bool:
+    """Whether workers start from this module and ``worker_path.SITE``: for a session this process builds
+    or a Connect server it starts (``remote`` "local..."), whose workers share this environment;
+    not if ``RULEWATCH_WORKER_DAEMON=off`` or the workers' Python cannot import it."""
+    # imported here, not at the top: the daemon loads none of the modules rulewatch's tasks run
     from rulewatch.spark.settings import connect_server_elsewhere, switched_off
 
-    if switched_off(SWITCH):
-        return {}
-    if connect_server_elsewhere(remote) or not workers_can_import():
-        return {}
-    return {"spark.python.daemon.module": MODULE}
+    return not switched_off(SWITCH) and not connect_server_elsewhere(remote) and workers_can_import()
+
+
+def confs(applied: bool) -> dict[str, str]:
+    """The session settings that start executors' workers through this module."""
+    return {"spark.python.daemon.module": MODULE} if applied else {}
 
 
 def workers_can_import() -> bool:
@@ -57,30 +59,6 @@ def workers_can_import() -> bool:
         return subprocess.run([python, "-c", f"import {MODULE}"], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def spark_archives(path: list[str]) -> list[str]:
-    """The entries of ``path`` that are Spark's archives of packages installed elsewhere on ``path``.
-
-    Spark adds ``$SPARK_HOME/python/lib/pyspark.zip`` and ``py4j-*.zip`` and the jar of its own
-    classes; with pip's pyspark, SPARK_HOME is the installed package. An archive leaves only if it
-    lies inside that package and what it holds is importable without it."""
-    rest = [p for p in path if not p.endswith((".zip", ".jar"))]
-    installed = PathFinder.find_spec("pyspark", rest)
-    if installed is None or installed.origin is None:
-        return []
-    home = Path(installed.origin).resolve().parent
-    archives = []
-    for entry in path:
-        archive = Path(entry)
-        folder = archive.resolve().parent
-        if archive.suffix == ".jar" and folder == home / "jars":
-            archives.append(entry)
-        elif archive.suffix == ".zip" and folder == home / "python" / "lib":
-            package = "pyspark" if archive.name == "pyspark.zip" else "py4j" if archive.name.startswith("py4j-") else None
-            if package and PathFinder.find_spec(package, rest):
-                archives.append(entry)
-    return archives
 
 
 def _reseed_numpy() -> None:
@@ -98,12 +76,7 @@ def prepare_forks() -> None:
 
 
 def main() -> None:
-    dropped = spark_archives(sys.path)
-    for entry in dropped:
-        sys.path.remove(entry)
-    # the importers already made for them (and for folders inside them) would still be re-read
-    for entry in [e for e in sys.path_importer_cache if e.startswith(tuple(dropped))]:
-        del sys.path_importer_cache[entry]
+    drop_spark_archives()
     for name in PRELOAD:
         try:
             __import__(name)
