@@ -27,6 +27,7 @@ from rulewatch.spark.commands import CLEAR_STATE
 from rulewatch.engine.engine import KEY_SEPARATOR, OUTPUT_COLUMNS, RuleBook, arrow_column, decode_history, evaluate_batch, key_expiry, newest_time
 from rulewatch.spark.history import HistoryStore, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.packing import PACKED_COLUMN, unpack
+from rulewatch.spark.state_batch import batched_map
 from rulewatch.spark.schema import RULE_FIELDS
 from rulewatch.engine.windows import MAX_SPAN_MS
 
@@ -199,6 +200,8 @@ class ShardEvaluator:
         self._stores: dict[str, HistoryStore] = {}
         self.layout = processor.layout
         self.expiry = processor.expiry
+        # an index write reads and rewrites up to MAX_INDEX_ENTRIES entries: batched like the histories
+        self.expiry_entries = batched_map(processor.expiry, processor.state_pipeline)
         self._book_cache: tuple[str | None, RuleBook] = (None, RuleBook())
 
     def _book(self) -> RuleBook:
@@ -271,15 +274,19 @@ class ShardEvaluator:
             eighth = book.retention_ms(keyset) // 8
             return max(self.granularity, -(-eighth // self.granularity) * self.granularity)
 
-        for bucket, keys, keysets in _expiry_groups(expiry_ms, step_of):
+        groups = _expiry_groups(expiry_ms, step_of)
+        existing = self.expiry_entries.get_many([(bucket,) for bucket, _, _ in groups])
+        entries: list[tuple[tuple[int], tuple[str]]] = []
+        for (bucket, keys, keysets), stored in zip(groups, existing):
             spans: dict[str, int] | None = {ks: _span(book, ks) for ks in keysets}
-            existing = self.expiry.getValue((bucket,))
-            if existing:
-                old_spans, old_keys = _read_entry(existing[0])
+            if stored:
+                old_spans, old_keys = _read_entry(stored[0])
                 keys |= old_keys
                 # The narrowest span any of its keys was indexed with; an old entry stays without.
                 spans = None if old_spans is None else {**old_spans, **{ks: min(span, old_spans.get(ks, span)) for ks, span in spans.items()}}  # type: ignore[union-attr]
-            self.expiry.updateValue((bucket,), (_entry(spans, keys),))
+            entries.append(((bucket,), (_entry(spans, keys),)))
+        self.expiry_entries.write_many(entries)
+        for bucket, _, _ in groups:
             self.handle.registerTimer(bucket)
 
     def handle_rows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
@@ -335,8 +342,7 @@ class ShardEvaluator:
         # index are then read and written once per batch instead of once per timer (a backlog
         # batch has up to MAX_INDEX_ENTRIES a shard).
         due, unread, keys = settle_expiry(entries, at, watermark, lambda keyset: _span(book, keyset))
-        for time in due:
-            self.expiry.removeKey((time,))
+        self.expiry_entries.write_many([((time,), None) for time in due])
         history = self._open_history()
         purged: dict[str, bytes | None] = dict.fromkeys(unread)
         still_alive: dict[str, int] = {}
