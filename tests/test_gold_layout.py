@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES
 from rulewatch.cli.main import main
-from rulewatch.spark.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, last_planned_batch
+from rulewatch.spark.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
 from rulewatch.spark.lakehouse import Lakehouse
 from test_crash import RULES, run_cli
 
@@ -50,6 +50,25 @@ def test_a_checkpoint_that_has_run_keeps_the_shard_labels_its_state_is_keyed_by(
     assert check_gold_layout("s3://bucket/lakehouse/_checkpoints/gold", layout, partitions=4) == 0  # no record there
 
 
+def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):
+    defaults = {"shards": 16, "state_slots": 0}
+    unset = {"shards": None, "state_slots": None}
+    assert gold_layout(str(tmp_path / "new"), unset, defaults) == (defaults, False)
+    assert gold_layout(str(tmp_path / "new"), {"shards": 3, "state_slots": None}, defaults) == ({"shards": 3, "state_slots": 0}, False)
+    # Recorded but never committed a batch: nothing is bound yet, so the command's defaults hold.
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / GOLD_LAYOUT).write_text(json.dumps({"shards": 4, "state_slots": 8, "shard_partitions": 4}))
+    assert gold_layout(str(tmp_path / "fresh"), unset, defaults) == (defaults, False)
+    ran = str(_ran(tmp_path / "ran", {"shards": 4, "state_slots": 8, "shard_partitions": 4}))
+    assert gold_layout(ran, unset, defaults) == ({"shards": 4, "state_slots": 8}, True)
+    # A value given is kept as given (check_gold_layout refuses it if it differs), the other filled in.
+    assert gold_layout(ran, {"shards": 16, "state_slots": None}, defaults) == ({"shards": 16, "state_slots": 8}, True)
+    # The record equal to the defaults: nothing to say.
+    same = str(_ran(tmp_path / "same", {**defaults, "shard_partitions": 4}))
+    assert gold_layout(same, unset, defaults) == (defaults, False)
+    assert gold_layout("s3://bucket/lakehouse/_checkpoints/gold", unset, defaults) == (defaults, False)
+
+
 def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, capsys):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     landing = tmp_path / "landing"
@@ -72,3 +91,10 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, ca
     assert last_planned_batch(lakehouse.checkpoint("gold")) == gold_batches
     with pytest.raises(CheckpointError, match="rebuild gold"):
         check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})
+
+    # Without the flags the run resumes with the checkpoint's layout (not run's default of 16) and reads the new
+    # file (its lines repeat the first file's ids: silver calls them duplicates and gold gets no batch).
+    assert main(run) == 0
+    assert "gold's checkpoint began with --shards 2 --state-slots 0; resuming with them" in capsys.readouterr().out
+    assert len(sorted(bronze_commits.glob("*.json"))) > len(bronze_log)
+    assert json.loads((Path(lakehouse.checkpoint("gold")) / GOLD_LAYOUT).read_text())["shards"] == 2

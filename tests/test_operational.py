@@ -165,12 +165,15 @@ def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
     assert "--landing" in shown and "--transactions" not in shown
 
 
-def test_metrics_every_reaches_the_live_settings():
+def test_metrics_every_and_the_layout_reach_the_live_settings(tmp_path):
     from rulewatch.spark.live import _settings
 
+    new = Lakehouse(str(tmp_path))  # no gold checkpoint: the live commands' own defaults
     for command in ("stream", "demo"):
-        assert _settings(build_parser().parse_args([command, "--lakehouse", "L"])).metrics_every == 30
-        assert _settings(build_parser().parse_args([command, "--lakehouse", "L", "--metrics-every", "0"])).metrics_every == 0
+        settings = _settings(build_parser().parse_args([command, "--lakehouse", new.root]), new)
+        assert (settings.metrics_every, settings.gold.layout) == (30, {"shards": 4, "state_slots": 0})
+        asked = build_parser().parse_args([command, "--lakehouse", new.root, "--metrics-every", "0", "--shards", "8"])
+        assert (_settings(asked, new).metrics_every, _settings(asked, new).gold.shards) == (0, 8)
 
 
 @pytest.fixture

@@ -40,14 +40,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         source = str(landing.resolve())
     if args.rules:
         load_rules_file(args.rules)  # every mistake in the file reported now, not after Spark has started
+    lakehouse = Lakehouse(args.lakehouse)
     settings = GoldSettings(
-        shards=args.shards,
-        state_slots=args.state_slots,
+        **arguments.gold_layout(args, lakehouse.checkpoint("gold")),
         allowed_lateness=args.allowed_lateness,
         alerts_topic=kafka_arguments.alerts_topic(args),
         window_metrics=args.window_metrics,
     )
-    lakehouse = Lakehouse(args.lakehouse)
     with exclusive(lakehouse):
         check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)  # before bronze and silver run, not after
         spark = get_spark()
@@ -159,7 +158,8 @@ def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 STATE_SLOTS_HELP = (
-    "evaluator state layout, fixed per checkpoint: 0 (default) a batch's keys in one entry when it touches or "
+    "evaluator state layout, fixed per checkpoint (default: what gold's checkpoint began with; 0 for a new one): "
+    "0 a batch's keys in one entry when it touches or "
     "reads many (or finds its shard empty), else one entry per key; N hashes the keys of a shard into N entries "
     "(docs/benchmarks.md)"
 )
@@ -178,8 +178,7 @@ def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
-    parser.add_argument("--shards", type=arguments.shards, default=4, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
-    parser.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
+    arguments.layout_options(parser, 4, STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(parser)
@@ -236,8 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The flag's name before it matched stream, generate and job run; still accepted, no longer shown.
     run.add_argument("--transactions", dest="landing", help=argparse.SUPPRESS)
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
-    run.add_argument("--shards", type=arguments.shards, default=16, help="hash shards of the key evaluated per Python call (fixed per checkpoint)")
-    run.add_argument("--state-slots", type=arguments.state_slots, default=0, help=STATE_SLOTS_HELP)
+    arguments.layout_options(run, 16, STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(run)
     kafka_arguments.add_options(run)

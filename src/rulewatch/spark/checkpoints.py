@@ -173,8 +173,28 @@ GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spa
 SHARD_PARTITIONS = "shard_partitions"  # in it since the shards' labels were spread (engine.shards)
 
 
-def _as_flags(layout: dict[str, int]) -> str:
+def as_flags(layout: dict[str, int]) -> str:
     return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in layout.items())
+
+
+def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[str, int]) -> tuple[dict[str, int], bool]:
+    """The shards and state layout to run gold with: each value asked for, else the one the checkpoint
+    began with, else the command's default; and whether the checkpoint supplied any.
+
+    Commands differ in their defaults (``run`` 16 shards, ``stream`` 4), so a lakehouse begun by one
+    resumes under the other without its flags; a value given that differs from the record is still
+    refused by :func:`check_gold_layout`.
+    """
+    record = Path(checkpoint) / GOLD_LAYOUT
+    stored: dict[str, int] = {}
+    if "://" not in checkpoint and record.exists() and _numbered(Path(checkpoint) / "commits"):
+        stored = json.loads(record.read_text(encoding="utf-8"))
+    layout, recorded = {}, False
+    for name, value in asked.items():
+        if value is None and name in stored:
+            value, recorded = int(stored[name]), recorded or stored[name] != defaults[name]
+        layout[name] = defaults[name] if value is None else value
+    return layout, recorded
 
 
 def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0) -> int:
@@ -197,9 +217,9 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
         stored = json.loads(record.read_text(encoding="utf-8"))
         began_with = {name: stored.get(name) for name in layout}
         if began_with != layout:
-            began = _as_flags(began_with)
+            began = as_flags(began_with)
             raise CheckpointError(
-                f"gold checkpoint {checkpoint} began with {began}; this run asks for {_as_flags(layout)}. Keys would move to "
+                f"gold checkpoint {checkpoint} began with {began}; this run asks for {as_flags(layout)}. Keys would move to "
                 f"shards without their window history or rules and alerts would be missed silently. Run with "
                 f"{began}, or rebuild gold to change them ({RECOVERY})."
             )

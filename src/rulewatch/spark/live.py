@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from rulewatch.cli import arguments
 from rulewatch.spark import generate, tables
 from rulewatch.spark.bronze import Source, check_source
 from rulewatch.spark.checkpoints import check_gold_layout, check_queries
@@ -636,12 +637,11 @@ def stream(
 # --- command line ---------------------------------------------------------------------------------------------
 
 
-def _settings(args: argparse.Namespace) -> LiveSettings:
+def _settings(args: argparse.Namespace, lakehouse: Lakehouse) -> LiveSettings:
     return LiveSettings(
         trigger=args.trigger,
         gold=GoldSettings(
-            shards=args.shards,
-            state_slots=args.state_slots,
+            **arguments.gold_layout(args, lakehouse.checkpoint("gold")),
             allowed_lateness=args.allowed_lateness,
             alerts_topic=kafka_arguments.alerts_topic(args),
             no_data_batches=args.gold_no_data_batches,
@@ -725,7 +725,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         print("rulewatch: give either --landing FOLDER or --kafka-topic TOPIC, not both", file=sys.stderr)
         return 2
     landing = Path(args.landing or Path(lakehouse.root, "landing"))
-    settings = _settings(args)
+    settings = _settings(args, lakehouse)
     if problems := _check_rules_files(args.rules):
         return _refuse(problems)
     with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
@@ -750,7 +750,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     labels = Path(lakehouse.root, "labels")
     rules = args.rules or [str(p) for p in DEMO_RULES]
     try:
-        settings = _settings(args)
+        settings = _settings(args, lakehouse)
         config = _config(args, args.minutes * 60, None)
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
