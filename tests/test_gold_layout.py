@@ -53,20 +53,20 @@ def test_a_checkpoint_that_has_run_keeps_the_shard_labels_its_state_is_keyed_by(
 def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):
     defaults = {"shards": 16, "state_slots": 0}
     unset = {"shards": None, "state_slots": None}
-    assert gold_layout(str(tmp_path / "new"), unset, defaults) == (defaults, False)
-    assert gold_layout(str(tmp_path / "new"), {"shards": 3, "state_slots": None}, defaults) == ({"shards": 3, "state_slots": 0}, False)
+    assert gold_layout(str(tmp_path / "new"), unset, defaults) == (defaults, {})
+    assert gold_layout(str(tmp_path / "new"), {"shards": 3, "state_slots": None}, defaults) == ({"shards": 3, "state_slots": 0}, {})
     # Recorded but never committed a batch: nothing is bound yet, so the command's defaults hold.
     (tmp_path / "fresh").mkdir()
     (tmp_path / "fresh" / GOLD_LAYOUT).write_text(json.dumps({"shards": 4, "state_slots": 8, "shard_partitions": 4}))
-    assert gold_layout(str(tmp_path / "fresh"), unset, defaults) == (defaults, False)
+    assert gold_layout(str(tmp_path / "fresh"), unset, defaults) == (defaults, {})
     ran = str(_ran(tmp_path / "ran", {"shards": 4, "state_slots": 8, "shard_partitions": 4}))
-    assert gold_layout(ran, unset, defaults) == ({"shards": 4, "state_slots": 8}, True)
-    # A value given is kept as given (check_gold_layout refuses it if it differs), the other filled in.
-    assert gold_layout(ran, {"shards": 16, "state_slots": None}, defaults) == ({"shards": 16, "state_slots": 8}, True)
-    # The record equal to the defaults: nothing to say.
+    assert gold_layout(ran, unset, defaults) == ({"shards": 4, "state_slots": 8}, {"shards": 4, "state_slots": 8})
+    # A value given is kept as given (check_gold_layout refuses it if it differs), the other filled in and named.
+    assert gold_layout(ran, {"shards": 16, "state_slots": None}, defaults) == ({"shards": 16, "state_slots": 8}, {"state_slots": 8})
+    # The record equal to the defaults: nothing to name.
     same = str(_ran(tmp_path / "same", {**defaults, "shard_partitions": 4}))
-    assert gold_layout(same, unset, defaults) == (defaults, False)
-    assert gold_layout("s3://bucket/lakehouse/_checkpoints/gold", unset, defaults) == (defaults, False)
+    assert gold_layout(same, unset, defaults) == (defaults, {})
+    assert gold_layout("s3://bucket/lakehouse/_checkpoints/gold", unset, defaults) == (defaults, {})
 
 
 def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, capsys):
@@ -92,9 +92,9 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, ca
     with pytest.raises(CheckpointError, match="rebuild gold"):
         check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})
 
-    # Without the flags the run resumes with the checkpoint's layout (not run's default of 16) and reads the new
-    # file (its lines repeat the first file's ids: silver calls them duplicates and gold gets no batch).
+    # Without the flags the run resumes with the checkpoint's layout (not run's default of 16, so it is named) and
+    # reads the new file (its lines repeat the first file's ids: silver calls them duplicates, gold gets no batch).
     assert main(run) == 0
-    assert "gold's checkpoint began with --shards 2 --state-slots 0; resuming with them" in capsys.readouterr().out
+    assert "gold's checkpoint began with --shards 2; resuming with it" in capsys.readouterr().out
     assert len(sorted(bronze_commits.glob("*.json"))) > len(bronze_log)
     assert json.loads((Path(lakehouse.checkpoint("gold")) / GOLD_LAYOUT).read_text())["shards"] == 2

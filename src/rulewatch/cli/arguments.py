@@ -121,13 +121,13 @@ def layout_options(parser: argparse.ArgumentParser, shards_default: int, state_s
 
 
 def gold_layout(args: argparse.Namespace, checkpoint: str) -> dict[str, int]:
-    """The shards and state layout ``args`` ask for, unset ones filled from gold's checkpoint; says so when
-    the checkpoint's differ from the command's defaults. Imports pyarrow: call it once a command runs."""
+    """The shards and state layout ``args`` ask for, unset ones filled from gold's checkpoint; names the
+    filled ones that differ from the command's defaults. Imports pyarrow: call it once a command runs."""
     from rulewatch.spark.checkpoints import as_flags, gold_layout as resolved
 
     layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, args.layout_defaults)
     if recorded:
-        print(f"rulewatch: gold's checkpoint began with {as_flags(layout)}; resuming with them")
+        print(f"rulewatch: gold's checkpoint began with {as_flags(recorded)}; resuming with it")
     return layout
 
 

@@ -177,9 +177,9 @@ def as_flags(layout: dict[str, int]) -> str:
     return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in layout.items())
 
 
-def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[str, int]) -> tuple[dict[str, int], bool]:
+def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
     """The shards and state layout to run gold with: each value asked for, else the one the checkpoint
-    began with, else the command's default; and whether the checkpoint supplied any.
+    began with, else the command's default; and the values the checkpoint supplied that differ from the defaults.
 
     Commands differ in their defaults (``run`` 16 shards, ``stream`` 4), so a lakehouse begun by one
     resumes under the other without its flags; a value given that differs from the record is still
@@ -189,12 +189,9 @@ def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[st
     stored: dict[str, int] = {}
     if "://" not in checkpoint and record.exists() and _numbered(Path(checkpoint) / "commits"):
         stored = json.loads(record.read_text(encoding="utf-8"))
-    layout, recorded = {}, False
-    for name, value in asked.items():
-        if value is None and name in stored:
-            value, recorded = int(stored[name]), recorded or stored[name] != defaults[name]
-        layout[name] = defaults[name] if value is None else value
-    return layout, recorded
+    filled = {name: int(stored[name]) for name, value in asked.items() if value is None and name in stored}
+    layout = {name: asked[name] if asked[name] is not None else filled.get(name, defaults[name]) for name in asked}
+    return layout, {name: value for name, value in filled.items() if value != defaults[name]}
 
 
 def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0) -> int:
