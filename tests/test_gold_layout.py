@@ -92,7 +92,7 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, ca
     with pytest.raises(CheckpointError, match="rebuild gold"):
         check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})
 
-    # Without the flags the run resumes with the checkpoint's layout (not run's default of 16, so it is named) and
+    # Without the flags the run resumes with the checkpoint's layout (not the default, so it is named) and
     # reads the new file (its lines repeat the first file's ids: silver calls them duplicates, gold gets no batch).
     assert main(run) == 0
     assert "gold's checkpoint began with --shards 2; resuming with it" in capsys.readouterr().out

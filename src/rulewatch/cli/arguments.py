@@ -109,23 +109,25 @@ def state_slots(text: str) -> int:
     return value
 
 
-def layout_options(parser: argparse.ArgumentParser, shards_default: int, state_slots_help: str) -> None:
+LAYOUT_DEFAULTS = {"shards": GoldSettings.shards, "state_slots": GoldSettings.state_slots}
+
+
+def layout_options(parser: argparse.ArgumentParser, state_slots_help: str) -> None:
     """``--shards`` and ``--state-slots``, which default to what gold's checkpoint began with
-    (``checkpoints.gold_layout``), and to ``shards_default`` / 0 for a new one."""
+    (``checkpoints.gold_layout``), and to GoldSettings' defaults for a new one."""
     parser.add_argument(
         "--shards", type=shards, help=f"hash shards of the key evaluated per Python call, fixed per checkpoint "
-        f"(default: what gold's checkpoint began with; {shards_default} for a new one)",
+        f"(default: what gold's checkpoint began with; {GoldSettings.shards} for a new one)",
     )  # fmt: skip
     parser.add_argument("--state-slots", type=state_slots, help=state_slots_help)
-    parser.set_defaults(layout_defaults={"shards": shards_default, "state_slots": 0})
 
 
 def gold_layout(args: argparse.Namespace, checkpoint: str) -> dict[str, int]:
     """The shards and state layout ``args`` ask for, unset ones filled from gold's checkpoint; names the
-    filled ones that differ from the command's defaults. Imports pyarrow: call it once a command runs."""
+    filled ones that differ from the defaults. Imports pyarrow: call it once a command runs."""
     from rulewatch.spark.checkpoints import as_flags, gold_layout as resolved
 
-    layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, args.layout_defaults)
+    layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, LAYOUT_DEFAULTS)
     if recorded:
         print(f"rulewatch: gold's checkpoint began with {as_flags(recorded)}; resuming with it")
     return layout

@@ -177,7 +177,7 @@ def rule_propagation(spark: SparkSession, trials: int = 5, trigger: str = "100 m
     ensure_silver_tables(spark, lakehouse)
     quiet = {**BENCH_RULES[0], "limit": 10**15}
     apply_rules(spark, lakehouse, parse_rules([quiet]))
-    query = start_gold(spark, lakehouse, GoldSettings(shards=4), available_now=False, processing_time=trigger)
+    query = start_gold(spark, lakehouse, GoldSettings(), available_now=False, processing_time=trigger)
     stop = threading.Event()
 
     def land() -> None:

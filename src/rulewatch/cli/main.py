@@ -15,7 +15,7 @@ from rulewatch.cli.remote import DEFAULT_JOB
 from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
-from rulewatch.spark.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS
+from rulewatch.spark.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -178,7 +178,7 @@ def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
-    arguments.layout_options(parser, 4, STATE_SLOTS_HELP)
+    arguments.layout_options(parser, STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(parser)
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The flag's name before it matched stream, generate and job run; still accepted, no longer shown.
     run.add_argument("--transactions", dest="landing", help=argparse.SUPPRESS)
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
-    arguments.layout_options(run, 16, STATE_SLOTS_HELP)
+    arguments.layout_options(run, STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(run)
     kafka_arguments.add_options(run)
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--events", type=arguments.count("events", 200_000), default=200_000)
     bench.add_argument("--keys", type=arguments.count("keys", 10_000), default=10_000)
     bench.add_argument("--batch-events", type=arguments.count("batch events", 50_000), default=50_000)
-    bench.add_argument("--shards", type=arguments.shards, default=16)
+    bench.add_argument("--shards", type=arguments.shards, default=GoldSettings.shards)
     bench.add_argument("--limit", type=arguments.count("limit", 12_500), default=12_500, help="the SUM rule's limit (lower: more events alert)")
     bench.add_argument("--state-slots", type=arguments.state_slots, nargs="+", help="evaluator state layouts to measure (0 = the batch layout; default: 0 16); with --pipeline, the job's one layout (default 0)")
     bench.add_argument("--scale-curve", type=arguments.count("events per key", 1000), nargs="+", metavar="N", help="instead: exact vs bucketed cost with N events per key per window")

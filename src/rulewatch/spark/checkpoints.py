@@ -179,10 +179,10 @@ def as_flags(layout: dict[str, int]) -> str:
 
 def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
     """The shards and state layout to run gold with: each value asked for, else the one the checkpoint
-    began with, else the command's default; and the values the checkpoint supplied that differ from the defaults.
+    began with, else the default; and the values the checkpoint supplied that differ from the defaults.
 
-    Commands differ in their defaults (``run`` 16 shards, ``stream`` 4), so a lakehouse begun by one
-    resumes under the other without its flags; a value given that differs from the record is still
+    So a lakehouse begun with other values (flags, the bundle's, or ``run``'s 16 shards before 4 became
+    the default) resumes without its flags; a value given that differs from the record is still
     refused by :func:`check_gold_layout`.
     """
     record = Path(checkpoint) / GOLD_LAYOUT

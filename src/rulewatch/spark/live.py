@@ -51,7 +51,7 @@ Log = Callable[[str], None]
 @dataclass(frozen=True)
 class LiveSettings:
     trigger: str = "0 seconds"  # each query starts its next micro-batch as soon as the last one ends
-    gold: GoldSettings = GoldSettings(shards=4)
+    gold: GoldSettings = GoldSettings()
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
     metrics_every: float = 30.0  # seconds between pipeline_metrics commits; 0: each batch commits its own rows
 
