@@ -55,7 +55,7 @@ def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):
     unset = {"shards": None, "state_slots": None}
     assert gold_layout(str(tmp_path / "new"), unset, defaults) == (defaults, {})
     assert gold_layout(str(tmp_path / "new"), {"shards": 3, "state_slots": None}, defaults) == ({"shards": 3, "state_slots": 0}, {})
-    # Recorded but never committed a batch: nothing is bound yet, so the command's defaults hold.
+    # Recorded but never committed a batch: nothing is bound yet, so the defaults hold.
     (tmp_path / "fresh").mkdir()
     (tmp_path / "fresh" / GOLD_LAYOUT).write_text(json.dumps({"shards": 4, "state_slots": 8, "shard_partitions": 4}))
     assert gold_layout(str(tmp_path / "fresh"), unset, defaults) == (defaults, {})

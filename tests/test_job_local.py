@@ -184,14 +184,15 @@ def test_the_repo_bundle_resolves_variables_and_parameters():
     params = {t.key: task_parameters(job, t, {"lakehouse": "/lh"}) for t in task_order(job)}
     assert params["bronze"]["landing"] == "/data/in"  # ${var.landing} -> job parameter -> widget
     # A local run has no Unity Catalog: catalog and schema are empty (LOCAL_VARIABLES), so setup makes no
-    # views, and tables too, so every table is a Delta folder under the lakehouse.
+    # views, and tables too, so every table is a Delta folder under the lakehouse. Its shards are the CLI's
+    # default for a new checkpoint, not the bundle's 16 for a cluster.
     assert params["setup"] == {
         "lakehouse": "/lh", "tables": "", "landing": "/data/in", "rules_file": "",
         "catalog": "", "schema": "", "pii_viewer_group": "fraud-investigators",
         "kafka_bootstrap": "", "kafka_topic": "", "kafka_starting_offsets": "earliest", "kafka_max_offsets": "",
-        "alerts_topic": "", "kafka_secret_scope": "", "shards": "16", "state_slots": "0", "window_metrics": "near",
+        "alerts_topic": "", "kafka_secret_scope": "", "shards": "4", "state_slots": "0", "window_metrics": "near",
     }  # fmt: skip
-    assert (params["gold"]["shards"], params["gold"]["state_slots"], params["gold"]["window_metrics"]) == ("16", "0", "near")
+    assert (params["gold"]["shards"], params["gold"]["state_slots"], params["gold"]["window_metrics"]) == ("4", "0", "near")
     # --var wins over the local stand-ins, as it wins over a target's values with the CLI.
     assert load_bundle(ROOT, {"catalog": "main"}, environ={}).variables["catalog"] == "main"
 

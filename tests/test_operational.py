@@ -168,7 +168,7 @@ def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
 def test_metrics_every_and_the_layout_reach_the_live_settings(tmp_path):
     from rulewatch.spark.live import _settings
 
-    new = Lakehouse(str(tmp_path))  # no gold checkpoint: the live commands' own defaults
+    new = Lakehouse(str(tmp_path))  # no gold checkpoint: GoldSettings' defaults, as for every command
     for command in ("stream", "demo"):
         settings = _settings(build_parser().parse_args([command, "--lakehouse", new.root]), new)
         assert (settings.metrics_every, settings.gold.layout) == (30, {"shards": 4, "state_slots": 0})

@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal
 
 from rulewatch.bundle.config import BundleError, Identity, load_config
 from rulewatch.spark.lakehouse import Lakehouse, exclusive
+from rulewatch.spark.settings import GoldSettings
 from rulewatch.cli.remote import DEFAULT_JOB
 from rulewatch.spark.widgets import repository_root, widget_env
 
@@ -34,8 +35,10 @@ _JOB_PARAM = re.compile(r"job\.parameters\.([A-Za-z_][\w-]*)")
 # A local run stands in for a bundle target: there is no Unity Catalog here, so catalog and schema are
 # empty (the setup task then creates no catalog views), tables too (Delta folders under the lakehouse),
 # and the lakehouse and landing paths come from the command line instead of the volumes derived from
-# them. --var still wins over these.
-LOCAL_VARIABLES: dict[str, str] = {"catalog": "", "schema": "", "tables": ""}
+# them. Gold's shards are the local default (one per stateful partition here; the bundle's 16 is for a
+# cluster's cores), so a lakehouse begun by `rulewatch run` or the gold notebook resumes under a local job
+# run and the other way round. --var still wins over these.
+LOCAL_VARIABLES: dict[str, str] = {"catalog": "", "schema": "", "tables": "", "gold_shards": str(GoldSettings.shards)}
 
 
 class JobError(Exception):

@@ -58,7 +58,7 @@ HLL_LG_CONFIG_K = 12
 class GoldSettings:
     # One shard per partition of the stateful stage at the local default of 4 partitions: each shard
     # call has fixed costs (its frames converted, its history generation written, its expiry index), and
-    # 4 instead of 16 cut the evaluator's operator time 10-40 % here (docs/benchmarks.md, "One shard per
+    # 4 instead of 16 cut the evaluator's operator time 8-40 % here (docs/benchmarks.md, "One shard per
     # stateful partition"). A cluster with more cores wants more (the bundle's gold_shards); a
     # checkpoint keeps the count it began with.
     shards: int = 4
