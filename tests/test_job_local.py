@@ -19,12 +19,12 @@ from rulewatch.spark.checkpoints import GOLD_LAYOUT
 
 
 @pytest.mark.spark
-def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path):
+def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, capfd):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []
     results = run_job_locally(
         None,
-        # Another evaluator layout than the CLI run's: the job parameters reach gold, and the alerts do not change.
+        # Another state layout than the CLI run's (8 slots, not 0): the job parameters reach gold, and the alerts do not change.
         {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json"),
          "shards": "4", "state_slots": "8"},
         log=lines.append,
@@ -38,6 +38,8 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
         "[3/4] silver ... ok (Ns)",
         "[4/4] gold ... ok (Ns)",
     ]
+    # The kernels talk over private Unix sockets: ipykernel's warning about unencrypted TCP is not printed.
+    assert "without encryption" not in capfd.readouterr().err
     gold_text = "".join(out.get("text", "") for cell in results[-1].notebook.cells if cell.cell_type == "code" for out in cell.outputs)
     assert "bronze = silver + quarantined + duplicates: ok" in gold_text
 

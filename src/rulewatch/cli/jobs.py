@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -231,17 +232,29 @@ def task_parameters(job: JobSpec, task: Task, overrides: dict[str, str]) -> dict
 
 
 def notebook_client(nb: Any, **options: Any) -> Any:
-    """An nbclient ``NotebookClient`` for ``nb`` that stops the kernel's heartbeat once the kernel is up.
+    """An nbclient ``NotebookClient`` for ``nb`` that stops the kernel's heartbeat once the kernel is up,
+    and talks to the kernel over Unix sockets in a private folder.
 
     nbclient tells a dead kernel by its process (the kernel manager), never by the heartbeat, whose
     thread can only hang the run: at the end nbclient shuts the kernel down before it stops that
     thread, and on a loaded machine the thread was seen waiting for ever inside its event loop, with
     the run waiting on it (jupyter_client's ``HBChannel.stop`` joining it; two test workers on two
     cores, the kernel's Spark stopping). Stopped while the kernel answers, it ends at once.
+
+    Over TCP (the default) ipykernel warns on every start that its traffic is unencrypted, four times
+    a job run. Its IPC transport's default socket path is relative, and the kernel runs in the
+    notebook's folder, not the caller's: the sockets get an absolute path in a folder only this user reads.
     """
     from nbclient import NotebookClient
 
     class Client(NotebookClient):
+        def create_kernel_manager(self) -> Any:
+            km = super().create_kernel_manager()
+            self.sockets = tempfile.TemporaryDirectory(prefix="rulewatch-kernel-")  # removed with the client
+            km.transport = "ipc"
+            km.ip = str(Path(self.sockets.name) / "kernel")
+            return km
+
         async def async_start_new_kernel_client(self) -> Any:
             client = await super().async_start_new_kernel_client()
             client.hb_channel.stop()
