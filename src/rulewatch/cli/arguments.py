@@ -109,9 +109,6 @@ def state_slots(text: str) -> int:
     return value
 
 
-LAYOUT_DEFAULTS = {"shards": GoldSettings.shards, "state_slots": GoldSettings.state_slots}
-
-
 def layout_options(parser: argparse.ArgumentParser, state_slots_help: str) -> None:
     """``--shards`` and ``--state-slots``, which default to what gold's checkpoint began with
     (``checkpoints.gold_layout``), and to GoldSettings' defaults for a new one."""
@@ -127,7 +124,7 @@ def gold_layout(args: argparse.Namespace, checkpoint: str) -> dict[str, int]:
     filled ones that differ from the defaults. Imports pyarrow: call it once a command runs."""
     from rulewatch.spark.checkpoints import as_flags, gold_layout as resolved
 
-    layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, LAYOUT_DEFAULTS)
+    layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, GoldSettings().layout)
     if recorded:
         print(f"rulewatch: gold's checkpoint began with {as_flags(recorded)}; resuming with it")
     return layout
