@@ -128,11 +128,14 @@ def driver_java_options() -> str:
 
 
 # Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
-# prints its UDF and schemas (kilobytes) each time a query starts, and Spark's start-up banner tells
-# how to change a log level. RULEWATCH_JVM_OUTPUT=all keeps them.
+# prints its UDF and schemas (kilobytes) each time a query starts, Spark's start-up banner tells
+# how to change a log level, and the DataSketches library inside Spark warns on any Java past 11
+# that it cannot use off-heap memory, which Spark's HLL sketches (gold's window metrics) never ask
+# for. RULEWATCH_JVM_OUTPUT=all keeps them.
 _NOISE = re.compile(
     rb"^(Starting )?Streaming TransformWithStateInPandas Python worker|^\s*$|^WARNING: Using incubator modules"
     rb"|^Setting default log level to|^To adjust logging level use"
+    rb"|^Warning: Java versions > Java 11 can only operate in restricted mode where no off-heap operations are allowed!$"
 )
 
 
