@@ -14,6 +14,7 @@ from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.cli import jobs
 from rulewatch.cli.main import build_parser, main
 from rulewatch.spark.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
+from rulewatch.spark.settings import GoldSettings
 
 
 def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_path):
@@ -94,7 +95,7 @@ BAD_SHARDS = {
     "0": "shards must be between 1 and 4096, got 0",
     "-1": "shards must be between 1 and 4096, got -1",
     "5000": "shards must be between 1 and 4096, got 5000",
-    "abc": "shards must be a whole number such as 16, got 'abc'",
+    "abc": f"shards must be a whole number such as {GoldSettings.shards}, got 'abc'",
 }
 BAD_LATENESS = {value: f"bad duration {value!r}; expected a positive integer followed by ms, s, m, h or d" for value in ("soon", "-1h", "")}
 

@@ -97,7 +97,7 @@ def _number(text: str, name: str, example: float) -> float:
 
 def shards(text: str) -> int:
     """``--shards``: a whole number GoldSettings accepts."""
-    value = _whole(text, "shards", 16)
+    value = _whole(text, "shards", GoldSettings.shards)
     _gold_setting("shards", value)
     return value
 
