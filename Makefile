@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rulewatch-installed
 
-.PHONY: setup setup-spark40 demo test test-spark40 clean browser
+.PHONY: setup setup-spark40 demo test test-fast test-spark40 clean browser
 
 setup: $(STAMP)
 
@@ -27,6 +27,13 @@ demo: setup
 test: setup setup-spark40 browser
 	$(BIN)/pytest -q
 	$(MAKE) --no-print-directory test-spark40
+
+# The inner loop: every test that needs no JVM, kernel, process of its own, broker or browser (engine, rules,
+# bundle, views' SQL text, CLI parsing, remote), in well under a minute. The markers are in pyproject.toml;
+# a test that starts a JVM here fails with a message saying to mark it jvm (tests/conftest.py).
+FAST := not jvm and not notebook and not subprocess and not kafka and not browser and not slow
+test-fast: setup
+	$(BIN)/pytest -q -m "$(FAST)"
 
 # The oldest Spark line the supported Databricks Runtimes run (17.3 LTS is Spark 4.0.0; docs/deploy.md):
 # the Spark-facing tests run there too (SPARK40_TESTS), in a second venv with the same lock but

@@ -22,6 +22,34 @@ FIXTURES = ROOT / "fixtures"
 os.environ.setdefault("RULEWATCH_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
+# The fast tier (`make test-fast`: every test without these markers) must not start a JVM. Its runs
+# point JAVA_HOME at a folder that names the fix, so a JVM started by a test that lacks the jvm marker
+# (in this process, a command or a notebook) fails with that name in its error instead of slowing the tier.
+NEEDS_MORE_THAN_PYTHON = ("jvm", "notebook", "subprocess", "kafka", "browser", "slow")
+NO_JVM_HOME = "/nonexistent/the-fast-tier-starts-no-JVM--mark-this-test-jvm"
+
+
+def fast_tier(config) -> bool:
+    """Whether this run selects only tests free of every marker in NEEDS_MORE_THAN_PYTHON (``-m "not jvm and ..."``)."""
+    expression = config.option.markexpr or ""
+    return all(f"not {marker}" in expression for marker in ("jvm", "kafka"))
+
+
+def pytest_configure(config):
+    if fast_tier(config):
+        os.environ["JAVA_HOME"] = NO_JVM_HOME
+
+
+def pytest_collection_modifyitems(config, items):
+    """jvm and kafka from the fixtures a test uses, so a new test is put in its tier without a decorator."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "kafka_broker" in fixtures:
+            item.add_marker(pytest.mark.kafka)
+        if fixtures & {"spark", "kafka_broker"} or item.get_closest_marker("kafka"):
+            item.add_marker(pytest.mark.jvm)
+
+
 def cell_text(cell) -> str:
     """Everything an executed notebook code cell showed: printed text, and the HTML or text of displayed tables."""
     parts = []
@@ -43,6 +71,8 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
 def spark():
     from rulewatch.spark.session import get_spark
 
+    if os.environ.get("JAVA_HOME") == NO_JVM_HOME:
+        pytest.fail("this test uses Spark: mark it jvm (the fast tier starts no JVM)")
     started_commands = os.environ.pop("RULEWATCH_JAVA_OPTIONS", None)
     try:
         return get_spark("rulewatch-tests")

@@ -17,7 +17,7 @@ from rulewatch.cli.main import main
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle import oracle  # noqa: E402
 
-pytestmark = pytest.mark.spark
+pytestmark = pytest.mark.jvm
 
 FIGURES = r"^  (?P<name>.+?) +(?P<seconds>\d+\.\d)s +(?P<rate>[\d,]+) events/s"
 

@@ -12,6 +12,9 @@ from rulewatch.spark import class_archive
 from rulewatch.spark.jars import java_binary
 from rulewatch.spark.session import JAVA_OPTIONS, collector_option, driver_java_options
 
+pytestmark = pytest.mark.jvm
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RULEWATCH_HOME", str(tmp_path))

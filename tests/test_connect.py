@@ -19,8 +19,9 @@ from rulewatch.spark.metrics import PENDING
 from rulewatch.spark.session import LOCAL_CONNECT_PORT
 from test_crash import metrics_commits
 
+pytestmark = [pytest.mark.jvm, pytest.mark.subprocess]
 
-@pytest.mark.spark
+
 def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expected_alerts):
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     result = subprocess.run(
@@ -43,7 +44,6 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
     assert metrics_commits(lakehouse) == [{"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}]
 
 
-@pytest.mark.spark
 def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
     # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
     # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);

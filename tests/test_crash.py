@@ -35,6 +35,8 @@ from rulewatch.spark.pipeline import run_all, run_bronze, run_gold, run_silver, 
 from rulewatch.spark.sinks import CRASH_AT_ENV, append_once
 from rulewatch.spark.tables import ensure_table
 
+pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
+
 RULES = str(FIXTURES / "rules.json")
 # Columns that record when a row was processed, not what was decided: they differ between any two runs.
 PROCESSING_COLUMNS = {"decision_time", "ingest_time", "latency_ms", "gold_batch_id"}
@@ -122,6 +124,12 @@ def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, k
     return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after)
 
 
+def finish(lakehouse: Lakehouse, source: list[str], extra: list[str] = ()) -> int:
+    """The run after the kills, in this process on the tests' session: what it must do is what a new
+    process does (resume from the tables and checkpoints on disk), and it skips a JVM's start."""
+    return main(["run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra])
+
+
 def metrics_commits(lakehouse: Lakehouse) -> list[set[str]]:
     """The sinks each ``pipeline_metrics`` commit names (its own and ``alsoBatches``), oldest first."""
     log = Path(lakehouse.pipeline_metrics, "_delta_log")
@@ -169,13 +177,13 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     seconds = random.Random(time.time_ns()).uniform(0.2, 0.8) * reached
     if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
-    assert _attempt(lakehouse, landing) == 0
+    assert finish(lakehouse, ["--landing", str(landing)]) == 0
 
     _land(landing, part2, lines2)
     point = f"rulewatch.gold.alerts:{_next_gold_batch(lakehouse)}:before"  # a later micro-batch, nothing written yet
     assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)
-    assert _attempt(lakehouse, landing) == 0
+    assert finish(lakehouse, ["--landing", str(landing)]) == 0
 
     _land(landing, part3, lines3)
     # Every layer ran a batch: their metrics rows are appended in one commit at the run's end, named
@@ -186,7 +194,7 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     # Killed in that one commit's wake: it names every layer, and each layer's kept file is still there.
     assert metrics_commits(lakehouse)[-1] == {"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}
     assert all(list(Path(lakehouse.checkpoint(layer), PENDING).glob("*.json")) for layer in ("bronze", "silver", "gold"))
-    assert _attempt(lakehouse, landing) == 0
+    assert finish(lakehouse, ["--landing", str(landing)]) == 0
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
     return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills)
 

@@ -15,7 +15,7 @@ def _alert_id(spark, lakehouse, transaction_id: str) -> str:
     return alerts.where(F.col("transaction_id") == transaction_id).first().alert_id
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_sum_alert_is_explained_by_the_events_that_add_up_to_it(spark, fixture_run):
     lakehouse = fixture_run.lakehouse
     explained = explain_alert(spark, lakehouse, _alert_id(spark, lakehouse, "pay-a5"))
@@ -34,7 +34,7 @@ def test_a_sum_alert_is_explained_by_the_events_that_add_up_to_it(spark, fixture
     assert "recomputed from the events below: 1100.5" in text
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_filtered_unique_count_alert_counts_the_distinct_values_of_its_logins(spark, fixture_run):
     lakehouse = fixture_run.lakehouse
     explained = explain_alert(spark, lakehouse, _alert_id(spark, lakehouse, "login-l6"))
@@ -44,7 +44,7 @@ def test_a_filtered_unique_count_alert_counts_the_distinct_values_of_its_logins(
     assert len({e.ip for e in events}) == explained.recomputed == explained.alert["aggregate_value"] == 5
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_without_an_alert_id_the_newest_alert_is_explained(spark, fixture_run):
     lakehouse = fixture_run.lakehouse
     newest = spark.read.format("delta").load(lakehouse.alerts).agg(F.max("event_time")).first()[0]

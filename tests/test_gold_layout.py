@@ -16,7 +16,7 @@ from conftest import FIXTURES
 from rulewatch.cli.main import main
 from rulewatch.spark.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
 from rulewatch.spark.lakehouse import Lakehouse
-from test_crash import RULES, run_cli
+from test_crash import RULES
 
 
 def test_a_checkpoint_without_a_committed_batch_takes_the_layout_it_is_given(tmp_path):
@@ -69,12 +69,12 @@ def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):
     assert gold_layout("s3://bucket/lakehouse/_checkpoints/gold", unset, defaults) == (defaults, {})
 
 
-def test_another_shard_count_or_layout_is_refused_once_gold_has_run(tmp_path, capsys):
+def test_another_shard_count_or_layout_is_refused_once_gold_has_run(spark, tmp_path, capsys):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     landing = tmp_path / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)
     run = ["run", "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", RULES]
-    assert run_cli([*run, "--shards", "2"]) == 0
+    assert main([*run, "--shards", "2"]) == 0
     gold_batches = last_planned_batch(lakehouse.checkpoint("gold"))
     bronze_commits = Path(lakehouse.bronze_transactions, "_delta_log")
     bronze_log = sorted(bronze_commits.glob("*.json"))

@@ -18,7 +18,7 @@ from rulewatch.cli.jobs import JobError, JobRunFailed, load_bundle, run_job_loca
 from rulewatch.spark.checkpoints import GOLD_LAYOUT
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, capfd):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []
@@ -51,7 +51,7 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
     )
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path):
     # The streams stop after a fixed time, not when caught up: 45 s was too short with the suite's
     # other work on the same two cores (the first ingest batch was still uncommitted).
@@ -143,6 +143,7 @@ def failing_bundle(tmp_path) -> Path:
     return root
 
 
+@pytest.mark.notebook
 def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, tmp_path):
     out = tmp_path / "out"
     lines: list[str] = []
@@ -169,6 +170,7 @@ def _cli(argv: list[str]) -> int:
     return main(argv)
 
 
+@pytest.mark.notebook
 def test_cli_exits_non_zero_naming_the_failed_task(failing_bundle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(failing_bundle / "notebooks")  # the bundle is found upwards from here
     assert _cli(["job", "run", "--target", "local", "--lakehouse", str(tmp_path / "out")]) == 1
@@ -234,7 +236,7 @@ def test_unknown_overrides_are_rejected(tmp_path):
         run_job_locally(None, {}, log=lambda _: None, root=root, variables={"nope": "1"})
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_job_run_without_an_active_rule_ends_with_the_warning(tmp_path, capsys):
     """Every task succeeds, yet nothing could alert: the job's output must say so, last."""
     from rulewatch.spark.pipeline import NO_RULES_WARNING

@@ -29,6 +29,7 @@ def _read(topic: KafkaTopic, expected: int, timeout: float = 30) -> list[tuple[i
     return out
 
 
+@pytest.mark.kafka
 def test_records_survive_a_restart_of_the_broker(tmp_path):
     first = broker.start(tmp_path)
     try:
@@ -49,6 +50,7 @@ def test_records_survive_a_restart_of_the_broker(tmp_path):
     assert not broker.stop(tmp_path)  # nothing left to stop
 
 
+@pytest.mark.kafka
 def test_the_cli_starts_reports_and_stops_a_broker(tmp_path, capsys):
     folder = str(tmp_path / "kafka")
     assert main(["kafka", "start", "--dir", folder]) == 0
@@ -137,6 +139,7 @@ def test_generate_produces_labelled_traffic_to_a_topic(tmp_path, kafka_broker, c
     assert labelled and labelled <= {r["transactionId"] for r in records}  # every injected event is on the topic
 
 
+@pytest.mark.kafka
 def test_a_cluster_id_starting_with_a_dash_still_formats_the_storage(tmp_path, monkeypatch):
     # A random id begins with "-" one time in 64 (urlsafe base64); CI once failed every Kafka test on it.
     monkeypatch.setattr(broker.uuid, "uuid4", lambda: uuid.UUID(bytes=b"\xf8" + bytes(15)))

@@ -26,9 +26,9 @@ from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.pipeline import run_all, run_bronze
 from rulewatch.spark.widgets import widget_env
-from test_crash import PROCESSING_COLUMNS, RULES, attempt
+from test_crash import PROCESSING_COLUMNS, RULES, attempt, finish
 
-pytestmark = pytest.mark.spark
+pytestmark = pytest.mark.jvm
 
 BAD_RECORDS = [b'{"transactionId": "k-bad-utf8", "eventTime": 1, "payeeId": "\xff\xfe"}', None]
 
@@ -156,7 +156,7 @@ def test_kill_and_restart_over_kafka_loses_no_alert_and_duplicates_none_in_delta
     source = ["--kafka-bootstrap", kafka_broker, "--kafka-topic", transactions_topic.topic]
     extra = ["--alerts-topic", alerts.topic]
     assert attempt(lakehouse, source, crash_at=point, extra=extra) == -signal.SIGKILL, f"{point} was not reached"
-    assert attempt(lakehouse, source, extra=extra) == 0
+    assert finish(lakehouse, source, extra) == 0
 
     table = spark.read.format("delta").load(lakehouse.alerts)
     reference = spark.read.format("delta").load(kafka_run[0].alerts)

@@ -51,7 +51,7 @@ def _rows(spark, lakehouse: Lakehouse, layer: str) -> list[tuple[int, int]]:
     return sorted((r.batch_id, r.rows_in) for r in metrics.collect())
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_rows_gathered_over_batches_reach_the_table_once_in_order(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_metrics_table(spark, lakehouse)
@@ -81,7 +81,7 @@ def test_rows_gathered_over_batches_reach_the_table_once_in_order(spark, tmp_pat
     assert _rows(spark, lakehouse, "gold")[-1] == (4, 40) and commits() == before + 2
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_rows_a_killed_run_left_kept_are_appended_once(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_metrics_table(spark, lakehouse)
@@ -102,7 +102,7 @@ def test_rows_a_killed_run_left_kept_are_appended_once(spark, tmp_path):
         check_queries(lakehouse, "gold")
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_job_run_appends_its_layers_rows_in_one_commit_that_each_layer_recognises(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_metrics_table(spark, lakehouse)
@@ -129,7 +129,7 @@ def test_a_job_run_appends_its_layers_rows_in_one_commit_that_each_layer_recogni
     assert history_batches(spark, lakehouse.pipeline_metrics, "rulewatch.metrics.") == {f"rulewatch.metrics.{q}": b for q, b in batches.items()}
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_job_gathers_its_metrics_where_its_batches_write_files_it_can_read(spark, tmp_path):
     assert foreach_batch_runs_here(spark)  # a classic session (tests/test_connect.py: a local Connect server)
     with metrics_gathered(spark, Lakehouse(str(tmp_path / "lakehouse"))) as recorders:

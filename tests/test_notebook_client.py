@@ -11,6 +11,8 @@ from nbclient.exceptions import DeadKernelError
 
 from rulewatch.cli.jobs import notebook_client
 
+pytestmark = pytest.mark.notebook
+
 
 def test_a_killed_kernel_is_found_and_the_run_ends_without_a_heartbeat():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('up')"),

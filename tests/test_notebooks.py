@@ -81,7 +81,7 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
     assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "spark" / "lakehouse.py")
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tmp_path):
     root = _checkout(tmp_path)
     setup, bronze, silver, gold, explore = (_run(root / "notebooks" / f"{name}.ipynb") for name in
@@ -116,7 +116,7 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
     assert "Burst: 5 or more payments" in cell_text(explore[2]) and "rule 1, key payee-A|ben-1" in cell_text(explore[3])
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
     from rulewatch.spark.lakehouse import Lakehouse
     from rulewatch.spark.pipeline import ensure_all_tables
@@ -129,7 +129,7 @@ def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(tmp_path):
     root = _checkout(tmp_path)
     # The one value a user must give: without a duration the streams run until cancelled. No rules file (the default).

@@ -319,7 +319,7 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
     assert message in err and err.startswith("rulewatch: ") and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
     # JVM's stderr at every query start; spark/session.py filters those lines (and other JVM noise) out of the user's terminal.

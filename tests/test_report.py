@@ -28,7 +28,7 @@ def report(spark, fixture_run) -> str:
     return build_report(spark, fixture_run.lakehouse)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_report_answers_the_dashboard_questions_from_the_fixture_run(report, expected_alerts):
     for title in ("Alerts over time per rule", "Top alerting keys", "Ingest → alert latency (ms)", "Quarantine reasons",
                   "Rule effectiveness", "Rule change history", "Latest alerts"):  # fmt: skip
@@ -49,14 +49,14 @@ def test_report_answers_the_dashboard_questions_from_the_fixture_run(report, exp
     assert "missing eventTime" in report and "More than 1000 paid from one payee" in report
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_report_is_self_contained(report):
     # Nothing is fetched when the file is opened: no scripts, stylesheets or images from anywhere.
     assert not re.search(r"<(script|link|img|iframe)\b", report)
     assert not re.search(r"""(src|href)=["']?https?:""", report)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_masked_report_hides_account_identifiers(spark, fixture_run, expected_alerts):
     html = build_report(spark, fixture_run.lakehouse, mask=True)
     for key in {a["group_key"] for a in expected_alerts}:
@@ -64,7 +64,7 @@ def test_masked_report_hides_account_identifiers(spark, fixture_run, expected_al
     assert "account identifiers masked" in html and re.search(r"#[0-9a-f]{10}", html)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_tiles_count_quarantine_duplicates_late_events_and_show_freshness(spark, fixture_run, report):
     lakehouse = fixture_run.lakehouse
 
@@ -85,7 +85,7 @@ def test_tiles_count_quarantine_duplicates_late_events_and_show_freshness(spark,
     assert re.search(r'Newest event in silver</div><div class="note">[\d.,]+ (min|h|days) ago</div>', report)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_latency_is_in_ms_against_batch_end_time_with_percentiles_explained(report):
     latency = {svg.get("aria-label"): svg for svg in _svgs(report)}["Latency percentiles per gold batch (ms)"]
     texts = [t.text for t in latency.iter(f"{SVG}text")]
@@ -152,7 +152,7 @@ def test_cli_names_a_lakehouse_without_gold_tables(tmp_path, capsys):
     assert "no gold/alerts table under" in err and "rulewatch run --lakehouse" in err
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_cli_writes_the_report(spark, fixture_run, tmp_path, capsys):
     out = tmp_path / "r.html"
     assert _cli(["report", "--lakehouse", fixture_run.lakehouse.root, "--out", str(out)]) == 0

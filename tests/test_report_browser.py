@@ -17,7 +17,7 @@ import pytest
 
 from rulewatch.spark.report import PALETTE, build_report
 
-pytestmark = pytest.mark.spark
+pytestmark = pytest.mark.jvm
 
 WIDTH, HEIGHT = 1280, 2000
 # Flags for a machine without a display, sandbox or network (see docs/dashboards.md, "Locally").

@@ -37,7 +37,7 @@ def _logging_command(folder, name: str, log) -> None:
     script.chmod(0o755)
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_commits_and_checkpoints_rename_without_a_readlink_process(tmp_path):
     # Hadoop's local file system runs `readlink` for every rename through its FileContext API (the
     # default for Spark's checkpoints and Delta's log on file paths), and `chmod` for every file it

@@ -23,7 +23,7 @@ def test_no_spread_keeps_the_numbering_of_older_checkpoints():
     assert shard_labels(16, 0) == list(range(16))
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_the_hash_is_sparks_own(spark):
     from pyspark.sql import functions as F
 
@@ -33,7 +33,7 @@ def test_the_hash_is_sparks_own(spark):
     assert {r.v: r.h for r in rows} == {v: _spark_hash_long(v) for v in values}
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 @pytest.mark.parametrize(("shards", "partitions"), [(16, 4), (4, 4), (2, 2), (3, 8)])
 def test_sparks_shuffle_puts_shard_i_in_partition_i_mod_partitions(spark, shards, partitions):
     # A stateful operator's input is hash-partitioned by its grouping column, as repartition(n, column) is.

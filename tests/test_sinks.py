@@ -126,7 +126,7 @@ def two_tables(request, spark, tmp_path):
     spark.sql(f"DROP SCHEMA {schema} CASCADE")
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_only_a_runs_first_batch_is_checked_and_a_repeat_of_it_is_skipped(spark, two_tables):
     sink = {t: f"rulewatch.test.{t[-1]}" for t in two_tables}
     for table in two_tables:
@@ -157,7 +157,7 @@ def test_only_a_runs_first_batch_is_checked_and_a_repeat_of_it_is_skipped(spark,
     assert read(spark, two_tables[0]).count() == 26
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_sinks_newest_batch_comes_from_the_newest_commit_naming_it_else_from_delta_txn(spark, tmp_path):
     table = str(tmp_path / "t")
     ensure_table(spark, table, spark.range(1).schema)

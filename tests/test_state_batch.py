@@ -455,7 +455,7 @@ shutil.rmtree(root)
 """
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 @pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
 def test_spark_python_workers_take_the_pipelined_path(remote):
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_REMOTE"} | ({"RULEWATCH_REMOTE": remote} if remote else {})
@@ -517,7 +517,7 @@ def _gold_outputs(spark, lakehouse: Lakehouse) -> dict[str, list]:
     return out
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 @pytest.mark.parametrize("slots", [0, 8])  # 0: the batch layout
 def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switched(spark, tmp_path, monkeypatch, slots):
     """Two lakehouses take the same micro-batches: one always pipelined, the other restarted from

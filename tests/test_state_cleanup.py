@@ -51,7 +51,7 @@ def _group_keys(spark, lakehouse: Lakehouse) -> set[str]:
     return {key.split(KEY_SEPARATOR)[-1] for key in keys}
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_idle_keys_are_purged_and_active_keys_kept(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)
@@ -69,7 +69,7 @@ def test_idle_keys_are_purged_and_active_keys_kept(spark, tmp_path):
     assert _group_keys(spark, lakehouse) == {"z"}
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_key_indexed_under_a_narrow_rule_is_kept_for_a_wider_rule_added_later(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)
@@ -89,7 +89,7 @@ def test_a_key_indexed_under_a_narrow_rule_is_kept_for_a_wider_rule_added_later(
     assert [(a.transaction_id, a.group_key) for a in alerts] == [("a2", "k")]
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_a_batch_settling_many_index_entries_purges_idle_keys_and_keeps_a_key_touched_since(spark, tmp_path):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)

@@ -80,7 +80,7 @@ def catalog_lakehouse(spark, tmp_path):
     spark.sql(f"DROP SCHEMA {schema} CASCADE")
 
 
-@pytest.mark.spark
+@pytest.mark.jvm
 def test_the_pipeline_on_catalog_tables_gives_the_fixture_alerts(spark, tmp_path, catalog_lakehouse, expected_alerts):
     import shutil
 

@@ -22,7 +22,7 @@ from rulewatch.spark import schema
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.views import VIEW_NAMES, catalog_view_statements, register_views
 
-pytestmark = pytest.mark.spark
+pytestmark = pytest.mark.jvm
 
 DASHBOARD = json.loads((ROOT / "resources" / "rulewatch.lvdash.json").read_text())
 DATASETS = {d["name"]: "".join(d["queryLines"]) for d in DASHBOARD["datasets"]}

@@ -212,6 +212,11 @@ def _add_live_cli(subparsers: argparse._SubParsersAction) -> None:
     live.add_argument("--landing", help="landing folder to follow (default: <lakehouse>/landing)")
     live.add_argument("--rules", action="append", default=[], help="rules file to MERGE first (repeatable)")
     live.add_argument("--duration", type=arguments.generator("duration", 60), help="stop after this many seconds (default: run until Ctrl-C)")
+    live.add_argument(
+        "--drain", action="store_true",
+        help="stop once everything available has gone through (landed files or the topic's records so far), within --duration "
+        "if given: a catch-up run that ends by itself; exit 1 if it had not drained by then",
+    )  # fmt: skip
     kafka_arguments.add_options(live)
     live.set_defaults(func=arguments.command("rulewatch.spark.live:cmd_stream"))
 

@@ -196,6 +196,7 @@ class Monitor:
     alerts: list[Alert] = field(default_factory=list)
     _last_gold_batch: int = -1
     _last_poll: float = field(default_factory=time.monotonic)
+    drained_in: float | None = None  # seconds a draining stream took to drain (stream(drain=True))
 
     def __post_init__(self) -> None:
         # Alerts of earlier runs on this lakehouse are not news.
@@ -309,6 +310,21 @@ class Monitor:
 
     def _latest_version(self, table: str) -> int:
         return tables.latest_commit(self.spark, table)["version"]
+
+    def drained(self) -> bool:
+        """Everything available has gone through: every query has reported, ingest's newest trigger
+        found nothing new to read (and is not running one), and gold has read silver's newest commit.
+
+        Ingest writes silver inside its batch, so once it is idle silver holds everything it read.
+        Gold's side comes from the last poll's reports, which can only be behind: never drained too soon.
+        """
+        if len(self.queries) != len(LAYERS) or any(q.lastProgress is None for q in self.queries):
+            return False
+        status = self.queries[0].status
+        if status["isDataAvailable"] or status["isTriggerActive"]:
+            return False
+        silver = self.lakehouse.silver_transactions
+        return self.layers["gold"].has_read(silver, self._latest_version(silver))
 
     def caught_up(self, landed_events: int) -> bool:
         """Ingest has read every landed event, and gold every commit of silver.
@@ -618,14 +634,28 @@ def stream(
     settings: LiveSettings = LiveSettings(),
     duration: float | None = None,
     log: Log = print,
+    drain: bool = False,
 ) -> Monitor:
-    """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second."""
+    """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second.
+
+    ``drain``: stop as soon as everything available has gone through (``Monitor.drained``), within
+    ``duration`` if given: a catch-up run of the live queries that ends by itself, as the job does.
+    ``monitor.drained_in`` then holds the seconds it took (None: it had not drained when it stopped).
+    """
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
     monitor.queries, monitor.feed = streams.queries, streams.feed
-    deadline = time.monotonic() + duration if duration else float("inf")
+    started = time.monotonic()
+    deadline = started + duration if duration else float("inf")
+
+    def done() -> bool:
+        if drain and monitor.drained():
+            monitor.drained_in = time.monotonic() - started
+            return True
+        return time.monotonic() > deadline
+
     try:
-        follow(monitor, lambda: time.monotonic() > deadline, log)
+        follow(monitor, done, log)
     except KeyboardInterrupt:
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
@@ -735,8 +765,15 @@ def cmd_stream(args: argparse.Namespace) -> int:
         _apply_rules(spark, lakehouse, args.rules, print)
         source: Source = kafka or str(landing.resolve())
         described = f"Kafka topic {kafka.topic.topic}" if kafka else str(landing)
-        print(f"rulewatch stream: {described} -> {lakehouse.root}, trigger {args.trigger!r}; Ctrl-C stops cleanly")
-        stream(spark, lakehouse, source, settings, args.duration)
+        until = "until everything available has gone through" if args.drain else "Ctrl-C stops cleanly"
+        print(f"rulewatch stream: {described} -> {lakehouse.root}, trigger {args.trigger!r}; {until}")
+        monitor = stream(spark, lakehouse, source, settings, args.duration, drain=args.drain)
+    if not args.drain:
+        return 0
+    if monitor.drained_in is None:
+        print(f"rulewatch stream: NOT drained within --duration {args.duration:g}s: input was still arriving or being processed", file=sys.stderr)
+        return 1
+    print(f"rulewatch stream: drained in {monitor.drained_in:.1f}s: everything available has gone through")
     return 0
 
 
