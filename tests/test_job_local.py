@@ -53,14 +53,13 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
 
 @pytest.mark.jvm
 def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path):
-    # The streams stop after a fixed time, not when caught up: 45 s was too short with the suite's
-    # other work on the same two cores (the first ingest batch was still uncommitted).
+    # The streams stop once everything landed has gone through (drain), within the duration.
     lakehouse, landing = tmp_path / "lakehouse", tmp_path / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)
     results = run_job_locally(
         "rulewatch_live",
         # Not the live defaults (4, 0): the job parameters reach the evaluator.
-        {"lakehouse": str(lakehouse), "landing": str(landing), "rules_file": str(FIXTURES / "rules.json"), "duration": "75",
+        {"lakehouse": str(lakehouse), "landing": str(landing), "rules_file": str(FIXTURES / "rules.json"), "duration": "300", "drain": "true",
          "shards": "2", "state_slots": "4"},
         log=lambda _: None,
         root=ROOT,

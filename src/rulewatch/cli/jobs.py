@@ -263,25 +263,89 @@ def notebook_client(nb: Any, **options: Any) -> Any:
     return Client(nb, **options)
 
 
-def _execute_notebook(task: Task, params: dict[str, str], cwd: Path) -> tuple[Any, str | None]:
-    """Run the notebook in a fresh python3 kernel; return it with outputs and the error, if any."""
+# Run in the shared kernel before each notebook: an empty namespace, the notebook's widget values
+# (RULEWATCH_WIDGET_*, nothing left from the task before) and its working directory.
+_PRELUDE = """\
+get_ipython().run_line_magic("reset", "-f")
+import os as _rulewatch_os
+[_rulewatch_os.environ.pop(name) for name in list(_rulewatch_os.environ) if name.startswith("RULEWATCH_WIDGET_")]
+_rulewatch_os.environ.update({widgets!r})
+_rulewatch_os.chdir({cwd!r})
+del _rulewatch_os
+"""
+
+
+class SharedKernel:
+    """Notebooks run one after another in one python3 kernel, started at the first and shut down at the end.
+
+    Each notebook starts with an empty namespace, its own widget values and working directory; what
+    stays is the process: imported modules and the Spark driver, as the notebook tasks of one
+    Databricks job share their job cluster's Spark. A local job run of four tasks so starts one JVM,
+    not four, and each task after the first finds Spark warm. A kernel that died is replaced for the
+    next notebook.
+    """
+
+    def __init__(self, cwd: Path | str) -> None:
+        self.cwd = str(cwd)
+        self._client: Any = None
+        self._kernel: Any = None  # the client's setup_kernel context, entered
+
+    def __enter__(self) -> SharedKernel:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._kernel is not None:
+            kernel, self._kernel, self._client = self._kernel, None, None
+            kernel.__exit__(None, None, None)
+
+    def _started(self, nb: Any, timeout: int | None) -> Any:
+        if self._kernel is None:
+            # Widget values come only from each notebook's run, never from RULEWATCH_WIDGET_* left in the caller's shell.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
+            self._client = notebook_client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": self.cwd}})
+            self._kernel = self._client.setup_kernel(env=env, cwd=self.cwd)
+            self._kernel.__enter__()
+        return self._client
+
+    def run(self, nb: Any, widgets: Mapping[str, str], timeout: int | None = None, cwd: Path | str | None = None) -> None:
+        """Execute every cell of ``nb`` in place (outputs kept in it); a cell's error raises nbclient's
+        ``CellExecutionError``. ``timeout``: seconds per cell (None: none); ``cwd``: default the kernel's."""
+        client = self._started(nb, timeout)
+        client.nb, client.timeout = nb, timeout
+        client.reset_execution_trackers()
+        prelude = _PRELUDE.format(widgets=dict(widget_env(widgets)), cwd=str(cwd or self.cwd))
+        reply = client.wait_for_reply(client.kc.execute(prelude, silent=True, store_history=False))
+        if reply is None or reply["content"]["status"] != "ok":
+            content = reply["content"] if reply else {}
+            raise RuntimeError(f"the kernel could not be prepared for the notebook: {content.get('ename')}: {content.get('evalue')}")
+        from nbclient.exceptions import DeadKernelError
+
+        try:
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+        except (DeadKernelError, TimeoutError):  # gone or stuck: the next notebook gets a new kernel
+            self.close()
+            raise
+
+
+def _execute_notebook(task: Task, params: dict[str, str], kernel: SharedKernel) -> tuple[Any, str | None]:
+    """Run the task's notebook in the job run's kernel; return it with outputs and the error, if any."""
     try:
         import nbformat
         from nbclient.exceptions import CellExecutionError
     except ImportError as err:
         raise JobError(f"local job runs need nbformat, nbclient and ipykernel: pip install 'rulewatch[dev]' ({err})") from err
 
-    # Widget values come only from the job, never from RULEWATCH_WIDGET_* left in the caller's shell.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
-    env.update(widget_env(params))
     try:
         nb = nbformat.read(task.notebook, as_version=4)
     except (OSError, ValueError) as err:
         return None, f"{type(err).__name__}: cannot read notebook {task.notebook}: {err}"
-    # The per-cell timeout is the task's whole timeout: the closest nbclient has; none, as on Databricks.
-    client = notebook_client(nb, timeout=task.timeout_seconds, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     try:
-        client.execute(env=env, cwd=str(cwd))
+        # The per-cell timeout is the task's whole timeout: the closest nbclient has; none, as on Databricks.
+        kernel.run(nb, params, task.timeout_seconds)
     except CellExecutionError as err:
         return nb, f"{err.ename}: {err.evalue}"
     except Exception as err:  # dead kernel, timeout: still one task's failure, not the runner's
@@ -325,22 +389,23 @@ def run_job_locally(
     log(f"job {job.key}: {len(order)} tasks ({' -> '.join(t.key for t in order)}); {shown}")
 
     results: dict[str, TaskResult] = {}
-    for n, task in enumerate(order, 1):
-        prefix = f"[{n}/{len(order)}] {task.key} ..."
-        blocked = [d for d in task.depends_on if results[d].status != "ok"]
-        if blocked:
-            results[task.key] = TaskResult(task.key, "skipped", error=f"upstream {', '.join(blocked)} did not succeed")
-            log(f"{prefix} skipped (upstream {', '.join(blocked)} did not succeed)")
-            continue
-        started = time.monotonic()
-        nb, error = _execute_notebook(task, params[task.key], bundle.root)
-        seconds = time.monotonic() - started
-        status: Literal["ok", "failed"] = "ok" if error is None else "failed"
-        warnings = notebook_warnings(nb)
-        results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb, warnings)
-        log(f"{prefix} {status} ({seconds:.1f}s)" if error is None else f"{prefix} FAILED ({seconds:.1f}s): {error}")
-        for warning in warnings:
-            log(f"    {warning}")
+    with SharedKernel(bundle.root) as kernel:
+        for n, task in enumerate(order, 1):
+            prefix = f"[{n}/{len(order)}] {task.key} ..."
+            blocked = [d for d in task.depends_on if results[d].status != "ok"]
+            if blocked:
+                results[task.key] = TaskResult(task.key, "skipped", error=f"upstream {', '.join(blocked)} did not succeed")
+                log(f"{prefix} skipped (upstream {', '.join(blocked)} did not succeed)")
+                continue
+            started = time.monotonic()
+            nb, error = _execute_notebook(task, params[task.key], kernel)
+            seconds = time.monotonic() - started
+            status: Literal["ok", "failed"] = "ok" if error is None else "failed"
+            warnings = notebook_warnings(nb)
+            results[task.key] = TaskResult(task.key, status, seconds, error, params[task.key], nb, warnings)
+            log(f"{prefix} {status} ({seconds:.1f}s)" if error is None else f"{prefix} FAILED ({seconds:.1f}s): {error}")
+            for warning in warnings:
+                log(f"    {warning}")
 
     outcome = [results[task.key] for task in order]
     if any(r.status != "ok" for r in outcome):
