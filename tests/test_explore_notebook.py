@@ -15,6 +15,7 @@ NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
 
 
 @pytest.mark.jvm
+@pytest.mark.notebook
 def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixture_run):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}

@@ -19,6 +19,8 @@ from rulewatch.spark.checkpoints import GOLD_LAYOUT
 
 
 @pytest.mark.jvm
+@pytest.mark.notebook
+@pytest.mark.slow
 def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, capfd):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []
@@ -52,6 +54,8 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
 
 
 @pytest.mark.jvm
+@pytest.mark.notebook
+@pytest.mark.slow
 def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path):
     # The streams stop once everything landed has gone through (drain), within the duration.
     lakehouse, landing = tmp_path / "lakehouse", tmp_path / "landing"
@@ -236,6 +240,8 @@ def test_unknown_overrides_are_rejected(tmp_path):
 
 
 @pytest.mark.jvm
+@pytest.mark.notebook
+@pytest.mark.slow
 def test_a_job_run_without_an_active_rule_ends_with_the_warning(tmp_path, capsys):
     """Every task succeeds, yet nothing could alert: the job's output must say so, last."""
     from rulewatch.spark.pipeline import NO_RULES_WARNING

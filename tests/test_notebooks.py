@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -14,9 +13,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT, cell_text
-from rulewatch.cli.jobs import notebook_client
+from rulewatch.cli.jobs import SharedKernel
 from rulewatch.spark.pipeline import NO_RULES_WARNING
-from rulewatch.spark.widgets import int_widget, repository_root, resolve_path, widget_env
+from rulewatch.spark.widgets import int_widget, repository_root, resolve_path
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -35,13 +34,19 @@ def _checkout(tmp_path: Path) -> Path:
     return root
 
 
-def _run(notebook: Path, widgets: dict[str, str] | None = None) -> list:
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel for the module's notebook runs: each starts with an empty namespace, its own widget
+    values and working directory (as a user's Jupyter sets them); the JVM is started once."""
+    with SharedKernel(ROOT) as shared:
+        yield shared
+
+
+def _run(kernel: SharedKernel, notebook: Path, widgets: dict[str, str] | None = None) -> list:
     """Execute like Jupyter opened from the notebook's folder; returns its code cells with outputs."""
     nb = nbformat.read(notebook, as_version=4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
-    env.update(widget_env(widgets or {}))
     try:
-        notebook_client(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(notebook.parent))
+        kernel.run(nb, widgets or {}, timeout=600, cwd=notebook.parent)
     finally:  # kept beside the checkout, so a failing assertion can be read against what the notebook showed
         nbformat.write(nb, notebook.parent.parent / f"executed-{notebook.name}")
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -82,9 +87,10 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
 
 
 @pytest.mark.jvm
-def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tmp_path):
+@pytest.mark.notebook
+def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(kernel, tmp_path):
     root = _checkout(tmp_path)
-    setup, bronze, silver, gold, explore = (_run(root / "notebooks" / f"{name}.ipynb") for name in
+    setup, bronze, silver, gold, explore = (_run(kernel, root / "notebooks" / f"{name}.ipynb") for name in
                                             ("00_setup", "01_bronze", "02_silver", "03_gold", "04_explore"))  # fmt: skip
 
     # Defaults resolved against the root: the lakehouse sits beside databricks.yml, nothing new beside the notebooks.
@@ -117,23 +123,25 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(tm
 
 
 @pytest.mark.jvm
-def test_the_gold_notebook_warns_when_no_rule_is_active(spark, tmp_path):
+@pytest.mark.notebook
+def test_the_gold_notebook_warns_when_no_rule_is_active(spark, kernel, tmp_path):
     from rulewatch.spark.lakehouse import Lakehouse
     from rulewatch.spark.pipeline import ensure_all_tables
 
     root = _checkout(tmp_path)
     ensure_all_tables(spark, Lakehouse(str(root / "empty")))
-    gold = _run(root / "notebooks" / "03_gold.ipynb", {"lakehouse": "empty"})  # relative: the root's empty/
+    gold = _run(kernel, root / "notebooks" / "03_gold.ipynb", {"lakehouse": "empty"})  # relative: the root's empty/
     assert cell_text(gold[3]).startswith(NO_RULES_WARNING)
     assert "no alert to explain" in cell_text(gold[5])
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
 
 
 @pytest.mark.jvm
-def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(tmp_path):
+@pytest.mark.notebook
+def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(kernel, tmp_path):
     root = _checkout(tmp_path)
     # The one value a user must give: without a duration the streams run until cancelled. No rules file (the default).
-    live = _run(root / "notebooks" / "05_live.ipynb", {"duration": "15"})
+    live = _run(kernel, root / "notebooks" / "05_live.ipynb", {"duration": "15"})
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
     assert "ingest " in cell_text(live[3]) and "rows/s" in cell_text(live[3])  # a progress line a second
     # How far 15 s get depends on the machine; that no rule was evaluated does not.
