@@ -14,7 +14,8 @@ from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, St
 
 from conftest import FIXTURES, run_fixture_pipeline
 from rulewatch.spark import schema
-from rulewatch.spark.delta_log import actions
+from rulewatch.spark.delta_log import actions, live_files
+from rulewatch.spark.pipeline import _counted_from_files, summarize
 
 ALERT_KEY = StructType([
     StructField("rule_id", IntegerType(), False),
@@ -202,3 +203,23 @@ def test_the_big_tables_keep_file_statistics_only_for_the_columns_reads_filter_o
             # nullCount names every column with statistics (minValues leaves out a column null in the whole file).
             assert set(file_stats["nullCount"]) == kept, (table, file_stats["nullCount"])
             assert file_stats["numRecords"] > 0
+
+
+def test_the_summary_read_from_the_tables_files_is_the_one_spark_counts(spark, fixture_run):
+    lakehouse = fixture_run.lakehouse
+    assert _counted_from_files(lakehouse) is not None  # path tables here: the driver reads them itself
+    from_files = summarize(spark, lakehouse)
+    assert from_files.quarantine_reasons and from_files.alerts_per_rule and from_files.active_rules
+    assert from_files == summarize(spark, lakehouse, use_files=False)
+
+
+def test_a_table_whose_rows_the_files_alone_do_not_give_is_left_to_spark(spark, tmp_path):
+    rewritten, pruned = str(tmp_path / "rewritten"), str(tmp_path / "pruned")
+    spark.range(10).write.format("delta").save(rewritten)
+    spark.range(4).write.format("delta").mode("overwrite").save(rewritten)  # the first files removed
+    assert sum(f["numRecords"] for f in live_files(rewritten)) == 4
+    spark.sql(f"CREATE TABLE delta.`{pruned}` (id BIGINT) USING delta TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.range(10).write.format("delta").mode("append").save(pruned)
+    spark.sql(f"DELETE FROM delta.`{pruned}` WHERE id = 3")  # a deletion vector, not a rewritten file
+    assert live_files(pruned) is None
+    assert live_files(str(tmp_path / "nothing")) is None

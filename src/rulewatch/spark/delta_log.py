@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import unquote
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,36 @@ def newest_committed_batch(table: str, sink: str) -> int:
         if found == sink:
             return batch
     return max((txn["version"] for _, txn in actions(log, ("txn",)) if txn["appId"] == sink), default=-1)
+
+
+def live_files(table: str) -> list[dict[str, Any]] | None:
+    """The ``add`` actions of the path table's current version, read as plain files; None when its rows
+    cannot be read from them alone: no log here, partition columns, column mapping, deletion vectors,
+    or a file without its row count. ``path`` is made absolute."""
+    log = Path(table, "_delta_log")
+    if not log.is_dir():
+        return None
+    # A file is named by its path and deletion vector: a commit that adds a deletion vector to a file
+    # adds it again with the vector and removes the version without, in either order.
+    def named(action: dict[str, Any]) -> tuple[str, Any]:
+        dv = action.get("deletionVector") or {}
+        return action["path"], (dv.get("storageType"), dv.get("pathOrInlineDv"), dv.get("offset"))
+
+    live: dict[tuple[str, Any], dict[str, Any]] = {}
+    for kind, action in actions(log, ("metaData", "add", "remove")):
+        if kind == "metaData":
+            configuration = dict(action.get("configuration") or {})  # a checkpoint's map column reads as pairs
+            mapping = configuration.get("delta.columnMapping.mode", "none")
+            if action.get("partitionColumns") or mapping != "none":
+                return None
+        elif kind == "add":
+            live[named(action)] = action
+        else:
+            live.pop(named(action), None)
+    files = []
+    for add in live.values():
+        stats = json.loads(add.get("stats") or "{}")
+        if add.get("deletionVector") or "numRecords" not in stats or "://" in add["path"]:
+            return None
+        files.append({**add, "path": str(Path(table, unquote(add["path"]))), "numRecords": stats["numRecords"]})
+    return files
