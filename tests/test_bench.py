@@ -22,6 +22,7 @@ pytestmark = pytest.mark.jvm
 FIGURES = r"^  (?P<name>.+?) +(?P<seconds>\d+\.\d)s +(?P<rate>[\d,]+) events/s"
 
 
+@pytest.mark.slow
 def test_pipeline_bench_times_a_job_whose_alerts_are_the_oracles_in_each_round(spark, tmp_path, capsys):
     events, keys = 3_000, 10
     assert main(["bench", "--pipeline", "--events", str(events), "--keys", str(keys), "--rounds", "2"]) == 0

@@ -49,6 +49,7 @@ def _archive_owned_by(folder: Path, name: str, owner: Path) -> Path:
     return archive
 
 
+@pytest.mark.slow
 def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = class_archive.archive_path()
     assert target is not None

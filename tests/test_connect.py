@@ -22,6 +22,7 @@ from test_crash import metrics_commits
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess]
 
 
+@pytest.mark.slow
 def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expected_alerts):
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     result = subprocess.run(
@@ -44,6 +45,7 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
     assert metrics_commits(lakehouse) == [{"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}]
 
 
+@pytest.mark.slow
 def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
     # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
     # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);

@@ -10,7 +10,6 @@ alone, over topics of a few records.
 
 from __future__ import annotations
 
-import os
 import signal
 import uuid
 
@@ -18,17 +17,16 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT, consume_all
-from rulewatch.cli.jobs import notebook_client
+from rulewatch.cli.jobs import SharedKernel
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.kafka.client import KafkaTopic, ensure_topic, spark_options
 from rulewatch.kafka.produce import TopicWriter, send_all
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.pipeline import run_all, run_bronze
-from rulewatch.spark.widgets import widget_env
 from test_crash import PROCESSING_COLUMNS, RULES, attempt, finish
 
-pytestmark = pytest.mark.jvm
+pytestmark = [pytest.mark.jvm, pytest.mark.kafka]
 
 BAD_RECORDS = [b'{"transactionId": "k-bad-utf8", "eventTime": 1, "payeeId": "\xff\xfe"}', None]
 
@@ -139,6 +137,8 @@ def test_each_record_on_the_alerts_topic_is_its_gold_alerts_row(spark, kafka_run
     assert _rows(published, table.schema) == _rows(table, table.schema)  # every other field too
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "point",
     [
@@ -199,6 +199,7 @@ def test_starting_offsets_latest_skips_the_records_already_on_the_topic(spark, k
     assert [(r.kafka_offset, r.value) for r in rows] == list(enumerate(new, start=len(old)))
 
 
+@pytest.mark.notebook
 def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it(spark, kafka_broker, tmp_path):
     import nbformat
 
@@ -206,9 +207,9 @@ def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it
     topic = _small_topic(kafka_broker, "capped", values)
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     widgets = {"lakehouse": lakehouse.root, "kafka_bootstrap": kafka_broker, "kafka_topic": topic.topic, "kafka_max_offsets": "3"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")} | widget_env(widgets)
     notebook = nbformat.read(ROOT / "notebooks" / "01_bronze.ipynb", as_version=4)
-    notebook_client(notebook, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+    with SharedKernel(ROOT) as kernel:
+        kernel.run(notebook, widgets, timeout=600)
 
     batches = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'bronze'").orderBy("batch_id")
     assert [r.rows_in for r in batches.collect()] == [3, 3, 1]

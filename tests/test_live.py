@@ -93,6 +93,7 @@ def test_a_querys_error_is_raised_while_running_and_named_after_the_stop(spark, 
     assert new == []
 
 
+@pytest.mark.slow
 def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, monkeypatch):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     landing, labels = tmp_path / "landing", tmp_path / "labels"
@@ -157,6 +158,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
         check_queries(lakehouse, "bronze")  # the batch job would read every landed file again
 
 
+@pytest.mark.slow
 def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, tmp_path, kafka_broker):
     from conftest import consume_all
 
@@ -179,3 +181,14 @@ def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, 
     assert bronze.count() == report.generated.events and bronze.where("kafka_topic = 'demo-payments'").count() == bronze.count()
     table = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}
     assert {r["alert_id"] for r in consume_all(alerts_topic, len(table))} == table
+
+
+def test_a_stream_that_has_not_drained_when_its_duration_ends_says_so_and_exits_1(spark, tmp_path, capsys):
+    from rulewatch.cli.main import main
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.jsonl").write_text('{"transactionId": "t1", "eventTime": 1, "payeeId": "p", "paymentAmount": 1}\n')
+    # One second is less than the queries' first micro-batches take: the backlog is still going through.
+    assert main(["stream", "--lakehouse", str(tmp_path / "lakehouse"), "--landing", str(landing), "--duration", "1", "--drain"]) == 1
+    assert "rulewatch stream: NOT drained within --duration 1s" in capsys.readouterr().err

@@ -32,6 +32,7 @@ def rules_version(spark, lakehouse: Lakehouse) -> int:
     return spark.sql(f"DESCRIBE HISTORY {table_ref(lakehouse.rules)}").agg(F.max("version")).first()[0]
 
 
+@pytest.mark.slow
 def test_rule_changes_reach_the_running_stream(spark, tmp_path, capsys):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_silver_tables(spark, lakehouse)

@@ -86,6 +86,7 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
     assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "spark" / "lakehouse.py")
 
 
+@pytest.mark.slow
 @pytest.mark.jvm
 @pytest.mark.notebook
 def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(kernel, tmp_path):
@@ -136,6 +137,7 @@ def test_the_gold_notebook_warns_when_no_rule_is_active(spark, kernel, tmp_path)
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
 
 
+@pytest.mark.slow
 @pytest.mark.jvm
 @pytest.mark.notebook
 def test_the_live_notebook_runs_from_the_notebooks_folder_for_a_given_duration(kernel, tmp_path):

@@ -320,6 +320,8 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.jvm
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
     # JVM's stderr at every query start; spark/session.py filters those lines (and other JVM noise) out of the user's terminal.

@@ -17,7 +17,7 @@ import pytest
 
 from rulewatch.spark.report import PALETTE, build_report
 
-pytestmark = pytest.mark.jvm
+pytestmark = [pytest.mark.jvm, pytest.mark.browser]
 
 WIDTH, HEIGHT = 1280, 2000
 # Flags for a machine without a display, sandbox or network (see docs/dashboards.md, "Locally").

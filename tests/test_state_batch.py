@@ -517,6 +517,7 @@ def _gold_outputs(spark, lakehouse: Lakehouse) -> dict[str, list]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.jvm
 @pytest.mark.parametrize("slots", [0, 8])  # 0: the batch layout
 def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switched(spark, tmp_path, monkeypatch, slots):

@@ -275,14 +275,22 @@ del _rulewatch_os
 """
 
 
+def nbformat_cell(source: str) -> Any:
+    import nbformat
+
+    return nbformat.v4.new_code_cell(source)
+
+
 class SharedKernel:
     """Notebooks run one after another in one python3 kernel, started at the first and shut down at the end.
 
-    Each notebook starts with an empty namespace, its own widget values and working directory; what
-    stays is the process: imported modules and the Spark driver, as the notebook tasks of one
-    Databricks job share their job cluster's Spark. A local job run of four tasks so starts one JVM,
-    not four, and each task after the first finds Spark warm. A kernel that died is replaced for the
-    next notebook.
+    Each notebook starts with an empty namespace, its own widget values and working directory. What
+    stays is the process: imported modules, environment changes, the SparkSession with its settings
+    and temporary views, and the JVM (whose working directory is the first notebook's). So a local job
+    run of four tasks starts one JVM, not four, and each task after the first finds Spark warm, as the
+    tasks of one Databricks job share their cluster's Spark (there each notebook also gets a Python
+    process and SparkSession of its own: a task must not lean on what an earlier one left). A kernel
+    that died, timed out or could not be prepared is replaced for the next notebook.
     """
 
     def __init__(self, cwd: Path | str) -> None:
@@ -305,28 +313,32 @@ class SharedKernel:
         if self._kernel is None:
             # Widget values come only from each notebook's run, never from RULEWATCH_WIDGET_* left in the caller's shell.
             env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
-            self._client = notebook_client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": self.cwd}})
-            self._kernel = self._client.setup_kernel(env=env, cwd=self.cwd)
-            self._kernel.__enter__()
+            client = notebook_client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": self.cwd}})
+            kernel = client.setup_kernel(env=env, cwd=self.cwd)
+            kernel.__enter__()  # a kernel that fails to start raises here, and the next notebook tries again
+            self._client, self._kernel = client, kernel
         return self._client
 
     def run(self, nb: Any, widgets: Mapping[str, str], timeout: int | None = None, cwd: Path | str | None = None) -> None:
         """Execute every cell of ``nb`` in place (outputs kept in it); a cell's error raises nbclient's
         ``CellExecutionError``. ``timeout``: seconds per cell (None: none); ``cwd``: default the kernel's."""
+        from nbclient.exceptions import CellExecutionError
+
         client = self._started(nb, timeout)
         client.nb, client.timeout = nb, timeout
         client.reset_execution_trackers()
-        prelude = _PRELUDE.format(widgets=dict(widget_env(widgets)), cwd=str(cwd or self.cwd))
-        reply = client.wait_for_reply(client.kc.execute(prelude, silent=True, store_history=False))
-        if reply is None or reply["content"]["status"] != "ok":
-            content = reply["content"] if reply else {}
-            raise RuntimeError(f"the kernel could not be prepared for the notebook: {content.get('ename')}: {content.get('evalue')}")
-        from nbclient.exceptions import DeadKernelError
-
+        prelude = nbformat_cell(_PRELUDE.format(widgets=dict(widget_env(widgets)), cwd=str(cwd or self.cwd)))
         try:
+            # Through nbclient like any cell (its timeout, a dead kernel noticed), but into no notebook's outputs.
+            reply = client.wait_for_reply(client.kc.execute(prelude.source, silent=True, store_history=False), prelude)
+            if reply is None or reply["content"]["status"] != "ok":
+                content = reply["content"] if reply else {"status": "no reply"}
+                raise RuntimeError(f"the kernel could not be prepared for the notebook ({content['status']}): {content.get('ename')}: {content.get('evalue')}")
             for index, cell in enumerate(nb.cells):
                 client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
-        except (DeadKernelError, TimeoutError):  # gone or stuck: the next notebook gets a new kernel
+        except CellExecutionError:  # the notebook's own error: the kernel is fine for the next one
+            raise
+        except Exception:  # gone, stuck or unprepared: the next notebook gets a new kernel
             self.close()
             raise
 

@@ -10,6 +10,7 @@ so path tables are read this way; Unity Catalog managed tables give no path and 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from urllib.parse import unquote
 from itertools import chain
@@ -19,6 +20,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 RECOVERY = "see 'Recovery' in docs/reliability.md"
+# An add action's path with a scheme (s3://..., file:/...) names a file outside the table's folder (a shallow clone's).
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 # A bound on the commits read per table: the newest commits are the ones compared, and reading a
 # long-lived table's whole history (one commit per micro-batch) would cost more than the run.
@@ -177,7 +180,7 @@ def live_files(table: str) -> list[dict[str, Any]] | None:
     files = []
     for add in live.values():
         stats = json.loads(add.get("stats") or "{}")
-        if add.get("deletionVector") or "numRecords" not in stats or "://" in add["path"]:
+        if add.get("deletionVector") or "numRecords" not in stats or _URI.match(add["path"]):
             return None
         files.append({**add, "path": str(Path(table, unquote(add["path"]))), "numRecords": stats["numRecords"]})
     return files

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +37,7 @@ from rulewatch.kafka import arguments as kafka_arguments
 from rulewatch.kafka.client import ensure_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.lakehouse import Lakehouse, is_table_name, table_ref
 from rulewatch.spark.metrics import Recorder, kept_rows, percentile
 from rulewatch.spark.pipeline import ensure_all_tables
 from rulewatch.spark.session import is_connect, session_confs
@@ -197,6 +198,7 @@ class Monitor:
     _last_gold_batch: int = -1
     _last_poll: float = field(default_factory=time.monotonic)
     drained_in: float | None = None  # seconds a draining stream took to drain (stream(drain=True))
+    interrupted: bool = False  # stopped by Ctrl-C
 
     def __post_init__(self) -> None:
         # Alerts of earlier runs on this lakehouse are not news.
@@ -324,7 +326,15 @@ class Monitor:
         if status["isDataAvailable"] or status["isTriggerActive"]:
             return False
         silver = self.lakehouse.silver_transactions
-        return self.layers["gold"].has_read(silver, self._latest_version(silver))
+        return self.layers["gold"].has_read(self._silver_location, self._latest_version(silver))
+
+    @cached_property
+    def _silver_location(self) -> str:
+        """Silver as gold's Delta source names it in its progress reports: by its path, also for a catalog table."""
+        silver = self.lakehouse.silver_transactions
+        if not is_table_name(silver):
+            return silver
+        return self.spark.sql(f"DESCRIBE DETAIL {table_ref(silver)}").first()["location"]
 
     def caught_up(self, landed_events: int) -> bool:
         """Ingest has read every landed event, and gold every commit of silver.
@@ -335,7 +345,7 @@ class Monitor:
         layers = self.layers
         return (
             layers["ingest"].rows >= landed_events
-            and layers["gold"].has_read(self.lakehouse.silver_transactions, self._latest_version(self.lakehouse.silver_transactions))
+            and layers["gold"].has_read(self._silver_location, self._latest_version(self.lakehouse.silver_transactions))
         )
 
 
@@ -657,6 +667,7 @@ def stream(
     try:
         follow(monitor, done, log)
     except KeyboardInterrupt:
+        monitor.interrupted = True
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
         stop_streams(streams)
@@ -768,6 +779,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
         until = "until everything available has gone through" if args.drain else "Ctrl-C stops cleanly"
         print(f"rulewatch stream: {described} -> {lakehouse.root}, trigger {args.trigger!r}; {until}")
         monitor = stream(spark, lakehouse, source, settings, args.duration, drain=args.drain)
+    if monitor.interrupted:
+        return 130
     if not args.drain:
         return 0
     if monitor.drained_in is None:

@@ -186,7 +186,13 @@ def _counted_from_files(lakehouse: Lakehouse) -> dict[str, Any] | None:
         "quarantined": lakehouse.silver_quarantine, "duplicates": lakehouse.silver_duplicates,
         "alerts": lakehouse.alerts, "late": lakehouse.late_events, "rules": lakehouse.rules,
     }  # fmt: skip
-    files = {name: live_files(path) for name, path in tables_.items()}
+    try:
+        return _count_files({name: live_files(path) for name, path in tables_.items()})
+    except (OSError, ValueError, KeyError, TypeError):  # a file gone under a concurrent VACUUM, an unexpected log: ask Spark
+        return None
+
+
+def _count_files(files: dict[str, list[dict] | None]) -> dict[str, Any] | None:
     if any(found is None for found in files.values()):
         return None
     counted: dict[str, Any] = {name: sum(f["numRecords"] for f in found) for name, found in files.items() if name != "rules"}
@@ -195,12 +201,13 @@ def _counted_from_files(lakehouse: Lakehouse) -> dict[str, Any] | None:
     examples: dict[str, str] = {}
     # As the Spark path below: a line failing several checks counts under each code, its example the matching text.
     for codes, reasons in _column_values(files["quarantined"], ["reason_code", "reason"]):
-        texts = (reasons or "").split("; ") if reasons is not None else []
-        for i, code in enumerate((codes or "uncoded").split("; ")):
+        texts = reasons.split("; ") if reasons is not None else []
+        for i, code in enumerate((codes if codes is not None else "uncoded").split("; ")):
             lines[code] += 1
             if i < len(texts) and (code not in examples or texts[i] < examples[code]):
                 examples[code] = texts[i]
-    counted["quarantine_reasons"], counted["quarantine_examples"] = dict(lines), examples
+    counted["quarantine_reasons"] = dict(lines)
+    counted["quarantine_examples"] = {code: text for code, text in examples.items() if text}
     counted["active_rules"] = sum(state == "ACTIVE" for (state,) in _column_values(files["rules"], ["ruleState"]))
     return counted
 
