@@ -29,11 +29,12 @@ test: setup setup-spark40 browser
 	$(MAKE) --no-print-directory test-spark40
 
 # The inner loop: every test that needs no JVM, kernel, process of its own, broker or browser (engine, rules,
-# bundle, views' SQL text, CLI parsing, remote), in well under a minute. The markers are in pyproject.toml;
+# bundle, views' SQL text, CLI parsing, remote), in well under a minute. Pure Python, so two workers use both
+# cores (unlike the whole suite, whose JVMs already do: docs/testing.md). The markers are in pyproject.toml;
 # a test that starts a JVM here fails with a message saying to mark it jvm (tests/conftest.py).
 FAST := not jvm and not notebook and not subprocess and not kafka and not browser and not slow
 test-fast: setup
-	$(BIN)/pytest -q -m "$(FAST)"
+	$(BIN)/pytest -q -n 2 -m "$(FAST)"
 
 # The oldest Spark line the supported Databricks Runtimes run (17.3 LTS is Spark 4.0.0; docs/deploy.md):
 # the Spark-facing tests run there too (SPARK40_TESTS), in a second venv with the same lock but
