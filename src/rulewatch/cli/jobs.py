@@ -275,12 +275,6 @@ del _rulewatch_os
 """
 
 
-def nbformat_cell(source: str) -> Any:
-    import nbformat
-
-    return nbformat.v4.new_code_cell(source)
-
-
 class SharedKernel:
     """Notebooks run one after another in one python3 kernel, started at the first and shut down at the end.
 
@@ -311,10 +305,9 @@ class SharedKernel:
 
     def _started(self, nb: Any, timeout: int | None) -> Any:
         if self._kernel is None:
-            # Widget values come only from each notebook's run, never from RULEWATCH_WIDGET_* left in the caller's shell.
-            env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
+            # RULEWATCH_WIDGET_* left in the caller's shell are dropped by each notebook's prelude, before it runs.
             client = notebook_client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": self.cwd}})
-            kernel = client.setup_kernel(env=env, cwd=self.cwd)
+            kernel = client.setup_kernel(cwd=self.cwd)
             kernel.__enter__()  # a kernel that fails to start raises here, and the next notebook tries again
             self._client, self._kernel = client, kernel
         return self._client
@@ -322,12 +315,13 @@ class SharedKernel:
     def run(self, nb: Any, widgets: Mapping[str, str], timeout: int | None = None, cwd: Path | str | None = None) -> None:
         """Execute every cell of ``nb`` in place (outputs kept in it); a cell's error raises nbclient's
         ``CellExecutionError``. ``timeout``: seconds per cell (None: none); ``cwd``: default the kernel's."""
+        import nbformat
         from nbclient.exceptions import CellExecutionError
 
         client = self._started(nb, timeout)
         client.nb, client.timeout = nb, timeout
         client.reset_execution_trackers()
-        prelude = nbformat_cell(_PRELUDE.format(widgets=dict(widget_env(widgets)), cwd=str(cwd or self.cwd)))
+        prelude = nbformat.v4.new_code_cell(_PRELUDE.format(widgets=dict(widget_env(widgets)), cwd=str(cwd or self.cwd)))
         try:
             # Through nbclient like any cell (its timeout, a dead kernel noticed), but into no notebook's outputs.
             reply = client.wait_for_reply(client.kc.execute(prelude.source, silent=True, store_history=False), prelude)

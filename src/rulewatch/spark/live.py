@@ -323,10 +323,11 @@ class Monitor:
         if len(self.queries) != len(LAYERS) or any(q.lastProgress is None for q in self.queries):
             return False
         status = self.queries[0].status
-        if status["isDataAvailable"] or status["isTriggerActive"]:
-            return False
-        silver = self.lakehouse.silver_transactions
-        return self.layers["gold"].has_read(self._silver_location, self._latest_version(silver))
+        return not (status["isDataAvailable"] or status["isTriggerActive"]) and self._gold_read_all_of_silver()
+
+    def _gold_read_all_of_silver(self) -> bool:
+        """Gold's last report is past silver's newest commit."""
+        return self.layers["gold"].has_read(self._silver_location, self._latest_version(self.lakehouse.silver_transactions))
 
     @cached_property
     def _silver_location(self) -> str:
@@ -342,11 +343,7 @@ class Monitor:
         Checked upstream first: ingest reports a batch after committing it, so once it has read
         every landed event, silver's latest commit holds all of them.
         """
-        layers = self.layers
-        return (
-            layers["ingest"].rows >= landed_events
-            and layers["gold"].has_read(self._silver_location, self._latest_version(self.lakehouse.silver_transactions))
-        )
+        return self.layers["ingest"].rows >= landed_events and self._gold_read_all_of_silver()
 
 
 def _alert(r: Row, decided: int) -> Alert:

@@ -169,8 +169,8 @@ class Summary:
 def _column_values(files: list[dict], columns: list[str]) -> Iterator[tuple]:
     """The rows' values of ``columns`` in the table's files (None for a column a file predates)."""
     for file in files:
-        present = [c for c in columns if c in pq.read_schema(file["path"]).names]
-        table = pq.read_table(file["path"], columns=present).to_pydict()
+        parquet = pq.ParquetFile(file["path"])
+        table = parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]).to_pydict()
         yield from zip(*(table.get(c, [None] * file["numRecords"]) for c in columns))
 
 
