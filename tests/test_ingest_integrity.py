@@ -23,7 +23,7 @@ from rulewatch.spark import bronze
 from rulewatch.spark.gold import GoldSettings
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import Recorder
-from rulewatch.spark.landing import FILES_READ, LandingError, audit, check_landing
+from rulewatch.spark.landing import FILES_READ, LandingError, audit, check_landing, links, local_path, scan
 from rulewatch.spark.pipeline import ensure_all_tables, run_all
 
 RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
@@ -76,6 +76,38 @@ def test_the_lateness_may_not_be_below_the_future_tolerance():
     GoldSettings(allowed_lateness="5m")
 
 
+COLON = "export_2026-12-04T13:33:00.jsonl"
+ODD = "odd:dir/a b%20+#?[x]{y};&=,'é\tz\nline.jsonl"
+PLANTED = ("loop", "host.jsonl", "twice.jsonl", "dangling.jsonl", "pipe.jsonl")
+
+
+def _plant_links(root: Path, landing: Path) -> None:
+    """What a careless operator or an attacker leaves in a landing folder: links out, back and in, and a FIFO."""
+    (root / "outside.jsonl").write_text(_payment("outside-1", T0, "payee-X") + "\n")
+    (landing / "loop").symlink_to(landing)  # followed, 30 lines became 1,205 bronze rows
+    (landing / "host.jsonl").symlink_to(root / "outside.jsonl")  # a host file's lines copied into bronze
+    (landing / "twice.jsonl").symlink_to("top.jsonl")  # a landed file read a second time
+    (landing / "dangling.jsonl").symlink_to(root / "nowhere")
+    os.mkfifo(landing / "pipe.jsonl")
+
+
+def test_the_listing_names_links_and_special_files_and_follows_none(tmp_path):
+    root, landing = tmp_path, tmp_path / "landing"
+    (landing / "sub").mkdir(parents=True)
+    (landing / "sub" / "a.jsonl").write_text("{}\n")
+    (landing / "_tmp").mkdir()
+    (landing / "_tmp" / "link").symlink_to(root)  # under a skipped name: the reader never sees it
+    (landing / "top.jsonl").write_text("{}\n")
+    _plant_links(root, landing)
+    taken, ignored, skipped = scan(str(landing))
+    assert sorted(taken) == [str(landing / "sub" / "a.jsonl"), str(landing / "top.jsonl")]
+    assert ignored == [str(landing / "_tmp" / "link")]
+    assert list(skipped) == [str(landing / name) for name in sorted(PLANTED)]
+    assert skipped[str(landing / "host.jsonl")].startswith(f"a symbolic link (to {root / 'outside.jsonl'}), not followed")
+    assert skipped[str(landing / "pipe.jsonl")].startswith("not a regular file (a FIFO")
+    assert links(str(landing)) == [str(landing / name) for name in sorted(PLANTED) if name != "pipe.jsonl"]
+
+
 @pytest.fixture(scope="module")
 def layered(spark, tmp_path_factory):
     """A landing folder in several layouts, with hidden files and invalid UTF-8, run once, then changed and run again."""
@@ -87,6 +119,10 @@ def layered(spark, tmp_path_factory):
         "dt=2026-11-01/partitioned.jsonl": [_payment("part-1", T0 + timedelta(minutes=2))],
         ".in-progress.jsonl": [_payment("hidden-1", T0)],
         "_tmp/writer.jsonl": [_payment("hidden-2", T0)],
+        # Names as the file system allows them: an ISO time (a colon made Hadoop's checksum file an
+        # invalid URI, failing every restart), and every separator a URI treats specially.
+        COLON: [_payment("colon-1", T0 + timedelta(minutes=4))],
+        ODD: [_payment("odd-1", T0 + timedelta(minutes=5))],
     }
     for name, lines in files.items():
         (landing / name).parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +133,7 @@ def layered(spark, tmp_path_factory):
     (landing / "bytes.jsonl").write_bytes(b"\n".join(raw) + b"\n")
     (landing / "growing.jsonl").write_text(_payment("grow-1", T0 + timedelta(minutes=10)) + "\n")
     (landing / "torn.jsonl").write_text(_payment("torn-1", T0 + timedelta(minutes=11)) + "\n" + _payment("torn-2", T0)[:30])
+    _plant_links(root, landing)
     rules = root / "rules.json"
     rules.write_text(json.dumps([RULE]))
     lakehouse = Lakehouse(str(root / "lakehouse"))
@@ -109,13 +146,16 @@ def layered(spark, tmp_path_factory):
     return lakehouse, landing, raw, first, second
 
 
-def test_every_layout_of_the_landing_folder_is_read(spark, layered):
+def test_every_layout_and_name_of_the_landing_folder_is_read_and_no_link_followed(spark, layered):
     lakehouse, landing, _, first, _ = layered
-    sources = {r.source_file.split("/landing/")[1] for r in spark.read.format("delta").load(lakehouse.bronze_transactions).collect()}
+    bronze_rows = spark.read.format("delta").load(lakehouse.bronze_transactions).collect()
+    sources = {str(Path(local_path(r.source_file)).relative_to(landing)) for r in bronze_rows}
     assert sources == {"top.jsonl", "2026/11/01/dated.jsonl", "dt=2026-11-01/partitioned.jsonl", "bytes.jsonl",
-                       "growing.jsonl", "torn.jsonl"}  # fmt: skip
-    assert first.bronze == 1 + 1 + 1 + 3 + 1 + 2
+                       "growing.jsonl", "torn.jsonl", COLON, ODD}  # fmt: skip
+    assert first.bronze == len(bronze_rows) == 1 + 1 + 1 + 3 + 1 + 2 + 1 + 1
+    assert not any("outside-1" in r.value for r in bronze_rows)
     assert first.landing.ignored == [str(landing / ".in-progress.jsonl"), str(landing / "_tmp/writer.jsonl")]
+    assert sorted(first.landing.skipped) == [str(landing / name) for name in sorted(PLANTED)]
     assert first.landing.problems == [] and first.ok
 
 
@@ -171,7 +211,7 @@ def test_a_batch_whose_observed_line_count_never_came_back_is_counted_again(spar
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ensure_all_tables(spark, lakehouse)
     lines = bronze_frame(spark, [_payment(f"t{i}", T0 + timedelta(minutes=i)) for i in range(3)])
-    bronze.write_batch(lines, 0, lakehouse, Recorder(lakehouse, "bronze"))
+    bronze.write_batch(lines, 0, lakehouse, Recorder(lakehouse, "bronze"), str(tmp_path))
     metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).collect()
     assert [(m.layer, m.batch_id, m.rows_in, m.rows_out) for m in metrics] == [("bronze", 0, 3, 3)]
     assert spark.read.format("delta").load(lakehouse.bronze_transactions).count() == 3
@@ -188,7 +228,7 @@ def test_a_file_listed_but_gone_before_it_was_read_is_reported(spark, tmp_path):
     def write(batch, batch_id):
         if batch_id == 0:
             (landing / "f2.jsonl").unlink()
-        bronze.write_batch(batch, batch_id, lakehouse, Recorder(lakehouse, "bronze"))
+        bronze.write_batch(batch, batch_id, lakehouse, Recorder(lakehouse, "bronze"), str(landing))
 
     started = time.time()
     query = (

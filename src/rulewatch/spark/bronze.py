@@ -11,7 +11,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark import tables
 from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.landing import check_landing, check_recorded_source
+from rulewatch.spark.landing import check_landing, check_recorded_source, without_links
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.spark.schema import BRONZE
 from rulewatch.spark.session import is_databricks
@@ -34,6 +34,11 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
         # maxFileAge: the file source otherwise skips, silently, a file whose modification time is a
         # week older than the newest file it has seen (a backfill copied with its old times).
         reader = spark.readStream.format("text").option("recursiveFileLookup", "true").option("maxFileAge", "36500d")
+        # Hadoop's checksummed local file system opens ".<name>.crc" beside each file, and a name
+        # with a colon (export_2026-12-04T13:33:00.jsonl) makes that an invalid URI: the batch fails
+        # on every restart. The raw local file system has no checksum files; a reader option reaches
+        # only this read, and an uncached instance, since the cache would hand back the checksummed one.
+        reader = reader.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option("fs.file.impl.disable.cache", "true")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     # The text source does not check UTF-8: invalid bytes would reach Parquet (which no reader then
@@ -55,6 +60,13 @@ Source = str | KafkaSource
 
 def read_source(spark: SparkSession, source: Source) -> DataFrame:
     return read_kafka(spark, source) if isinstance(source, KafkaSource) else read_landing(spark, source)
+
+
+def landed(batch: DataFrame, source: Source) -> DataFrame:
+    """A micro-batch's lines as bronze takes them: none read through a symbolic link (landing.py)."""
+    if isinstance(source, KafkaSource) or "://" in source:
+        return batch
+    return without_links(batch, source)
 
 
 def check_source(lakehouse: Lakehouse, source: Source) -> None:
@@ -95,8 +107,9 @@ def ensure_bronze_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
     )  # fmt: skip
 
 
-def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder) -> None:
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: Source) -> None:
     started = time.time()
+    batch = landed(batch, source)
     # The append counts the lines as it writes them: a count of its own read the whole batch once
     # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/benchmarks.md).
     counted = Observation()
@@ -126,7 +139,7 @@ def start_bronze(
         read_source(spark, source)
         .writeStream.queryName("rulewatch_bronze")
         .option("checkpointLocation", lakehouse.checkpoint("bronze"))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, source)))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     return writer.start()

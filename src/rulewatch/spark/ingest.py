@@ -25,9 +25,9 @@ from rulewatch.spark.sinks import per_run, together
 QUERY = "ingest"
 
 
-def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder) -> None:
+def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: bronze.Source) -> None:
     started = time.time()
-    lines = bronze.numbered(batch).persist()
+    lines = bronze.numbered(bronze.landed(batch, source)).persist()
     try:
         done: dict[str, Any] = {}
 
@@ -59,7 +59,7 @@ def start_ingest(spark: SparkSession, source: bronze.Source, lakehouse: Lakehous
         bronze.read_source(spark, source)
         .writeStream.queryName("rulewatch_ingest")
         .option("checkpointLocation", lakehouse.checkpoint(QUERY))
-        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder)))
+        .foreachBatch(per_run(lambda df, batch_id: write_batch(df, batch_id, lakehouse, recorder, source)))
         .trigger(processingTime=processing_time)
         .start()
     )

@@ -13,17 +13,24 @@ and modification time). What cannot be reconciled is reported by path:
 The landing contract (docs/reliability.md): write a file under a name starting with ``.`` or ``_``
 and rename it when complete. Such names are skipped by the reader and listed here as ignored.
 Only a local or mounted landing folder is audited; on ``scheme://`` paths Auto Loader tracks files.
+
+Symbolic links are not followed (Spark's listing would: a link back to the folder is read ~40 levels
+deep, a link to a host file copies it into bronze): lines read through one are dropped before bronze
+(``without_links``) and the link is named in the report, as is anything that is not a regular file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark.lakehouse import Lakehouse, write_whole
@@ -63,11 +70,13 @@ class LandingReport:
     problems: list[str] = field(default_factory=list)  # lines that were landed but are not in bronze
     pending: list[str] = field(default_factory=list)  # landed after the run listed the folder
     ignored: list[str] = field(default_factory=list)  # hidden / underscore names (landing contract)
+    skipped: dict[str, str] = field(default_factory=dict)  # not read, path -> why: links, FIFOs, devices
 
     def lines(self) -> list[str]:
         out = [f"landing files    {self.files}" + (f" (+{len(self.ignored)} ignored: name starts with . or _)" if self.ignored else "")]
         out += [f"  NOT INGESTED: {p}" for p in self.problems]
         out += [f"  pending: {p}" for p in self.pending]
+        out += [f"  skipped: {path}: {why}" for path, why in self.skipped.items()]
         return out
 
 
@@ -80,22 +89,81 @@ def _skipped(relative: Path) -> bool:
     return any(part.startswith((".", "_")) for part in relative.parts)
 
 
-def scan(landing: str) -> tuple[dict[str, os.stat_result], list[str]]:
-    """Files under ``landing`` the reader takes (path -> stat) and the ones it skips by name."""
+def _entries(folder: str) -> Iterator[os.DirEntry[str]]:
+    """Every entry below ``folder``, not descending into symbolic links (no stat: a listing per folder)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            yield entry
+            if entry.is_dir(follow_symlinks=False):
+                yield from _entries(entry.path)
+
+
+def _link_reason(path: str) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"a symbolic link (to {target}), not followed: move or copy the file into the landing folder"
+
+
+def links(landing: str) -> list[str]:
+    """The symbolic links below ``landing`` that the reader would follow (not under a skipped name)."""
+    root = Path(landing)
+    return sorted(e.path for e in _entries(landing) if e.is_symlink() and not _skipped(Path(e.path).relative_to(root)))
+
+
+def scan(landing: str) -> tuple[dict[str, os.stat_result], list[str], dict[str, str]]:
+    """Files under ``landing`` the reader takes (path -> stat), the ones it skips by name, and the
+    entries not read for what they are (path -> why: symbolic links, FIFOs, sockets, devices)."""
     root = Path(landing)
     taken: dict[str, os.stat_result] = {}
     ignored: list[str] = []
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = Path(folder, name)
-            if _skipped(path.relative_to(root)):
-                ignored.append(str(path))
+    skipped: dict[str, str] = {}
+    for entry in _entries(landing):
+        if _skipped(Path(entry.path).relative_to(root)):
+            if not entry.is_dir(follow_symlinks=False):
+                ignored.append(entry.path)
+        elif entry.is_symlink():
+            skipped[entry.path] = _link_reason(entry.path)
+        elif not entry.is_dir(follow_symlinks=False):
+            try:
+                status = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed while we looked: like never landed
+                continue
+            if stat.S_ISREG(status.st_mode):
+                taken[entry.path] = status
             else:
-                try:
-                    taken[str(path)] = path.stat()
-                except FileNotFoundError:  # removed while we looked: like never landed
-                    pass
-    return taken, sorted(ignored)
+                skipped[entry.path] = "not a regular file (a FIFO, socket or device), not read: land regular files"
+    return taken, sorted(ignored), dict(sorted(skipped.items()))
+
+
+def _below(path: str, folders: Iterable[str]) -> bool:
+    return any(path == f or path.startswith(f + "/") for f in folders)
+
+
+def _local_file(uri: Column) -> Column:
+    """Spark's spelling of a file (``file:/a%20b/c+d``) as a local path: a literal ``+`` stays one
+    in that spelling, which ``url_decode`` alone would read as a space."""
+    return F.regexp_replace(F.url_decode(F.replace(uri, F.lit("+"), F.lit("%2B"))), r"^file:(//)?", "")
+
+
+_named_links: set[str] = set()
+
+
+def without_links(lines: DataFrame, landing: str) -> DataFrame:
+    """``lines`` (with ``source_file``) without those read through a symbolic link below ``landing``.
+
+    The links are found on each batch, by a listing of the folder without stat calls; with none
+    (the usual case) the batch is left as it is. Each link is named on stderr once per process.
+    """
+    found = links(landing)
+    if not found:
+        return lines
+    for path in set(found) - _named_links:
+        print(f"rulewatch: landing: skipped {path}: {_link_reason(path)}", file=sys.stderr)
+        _named_links.add(path)
+    path = _local_file(F.col("source_file"))
+    return lines.where(~F.exists(F.array(*[F.lit(p) for p in found]), lambda link: (path == link) | path.startswith(F.concat(link, F.lit("/")))))
 
 
 def listed_files(checkpoint: str) -> set[str]:
@@ -116,11 +184,13 @@ def audit(spark: SparkSession, lakehouse: Lakehouse, landing: str, query: str, s
     """
     if "://" in landing:
         return LandingReport()
-    on_disk, ignored = scan(landing)
+    on_disk, ignored, skipped = scan(landing)
     listed = listed_files(lakehouse.checkpoint(query))
     read = files_read(spark, lakehouse, query)
-    report = LandingReport(files=len(on_disk), ignored=ignored)
+    report = LandingReport(files=len(on_disk), ignored=ignored, skipped=skipped)
     for path in sorted(listed | set(on_disk)):
+        if _below(path, skipped):  # listed through a link (or a FIFO the reader found empty): named as skipped
+            continue
         stat = on_disk.get(path)
         problem = _reconcile(path, stat, path in listed, read.get(path), started)
         if problem == "pending":
