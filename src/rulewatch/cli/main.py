@@ -38,6 +38,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"rulewatch: --landing {landing} is a file, not a folder; point it at the folder that holds it", file=sys.stderr)
             return 2
         source = str(landing.resolve())
+    else:
+        from rulewatch.kafka.health import check_topic
+
+        check_topic(source.topic)  # a dead cluster or a mistyped topic: said now, not after Spark has started
     if args.rules:
         load_rules_file(args.rules)  # every mistake in the file reported now, not after Spark has started
     lakehouse = Lakehouse(args.lakehouse)
@@ -281,6 +285,7 @@ USER_ERRORS = {
     "rulewatch.spark.delta_log": ("CheckpointError",),
     "rulewatch.spark.session": ("ConnectPortBusy",),
     "rulewatch.kafka.client": ("KafkaConfigError",),
+    "rulewatch.kafka.health": ("KafkaUnreachable",),
 }
 
 

@@ -123,6 +123,8 @@ def _free_port() -> int:
 
 def _port_taken(port: int) -> bool:
     with socket.socket() as s:
+        # As the broker binds: connections of a broker just stopped (TIME_WAIT) do not hold the port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -8,6 +8,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from rulewatch.kafka.health import check_topic
 from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark import tables
 from rulewatch.spark.lakehouse import Lakehouse
@@ -72,6 +73,7 @@ def landed(batch: DataFrame, source: Source) -> DataFrame:
 def check_source(lakehouse: Lakehouse, source: Source) -> None:
     """Refuse a source this lakehouse cannot ingest (landing.py says which and why)."""
     if isinstance(source, KafkaSource):
+        check_topic(source.topic)  # before the lakehouse records it: a mistyped topic must not bind it
         check_recorded_source(lakehouse, source.identity)
     else:
         check_landing(lakehouse, source)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
@@ -35,6 +36,7 @@ from rulewatch.spark.gold import SHUFFLE_PARTITIONS, GoldSettings, start_gold
 from rulewatch.spark.ingest import start_ingest
 from rulewatch.kafka import arguments as kafka_arguments
 from rulewatch.kafka.client import ensure_topic
+from rulewatch.kafka.health import Watch, check_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.lakehouse import Lakehouse, is_table_name, table_ref
@@ -199,6 +201,7 @@ class Monitor:
     _last_poll: float = field(default_factory=time.monotonic)
     drained_in: float | None = None  # seconds a draining stream took to drain (stream(drain=True))
     interrupted: bool = False  # stopped by Ctrl-C
+    source_outage: str | None = None  # the Kafka source did not answer for a while (kafka.health.Watch)
 
     def __post_init__(self) -> None:
         # Alerts of earlier runs on this lakehouse are not news.
@@ -648,26 +651,32 @@ def stream(
     ``drain``: stop as soon as everything available has gone through (``Monitor.drained``), within
     ``duration`` if given: a catch-up run of the live queries that ends by itself, as the job does.
     ``monitor.drained_in`` then holds the seconds it took (None: it had not drained when it stopped).
+    A Kafka source is probed beside the streams (kafka.health.Watch): an outage is logged when it
+    starts and ends, a stream whose cluster is not answering has not drained, and
+    ``monitor.source_outage`` says how long the cluster was gone.
     """
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
     monitor.queries, monitor.feed = streams.queries, streams.feed
     started = time.monotonic()
     deadline = started + duration if duration else float("inf")
+    watch = Watch(source.topic, log) if isinstance(source, KafkaSource) else None
 
     def done() -> bool:
-        if drain and monitor.drained():
+        if drain and (watch is None or watch.down is None) and monitor.drained():
             monitor.drained_in = time.monotonic() - started
             return True
         return time.monotonic() > deadline
 
     try:
-        follow(monitor, done, log)
+        with watch or nullcontext():
+            follow(monitor, done, log)
     except KeyboardInterrupt:
         monitor.interrupted = True
         log("interrupted: stopping the streams (checkpoints stay usable; the next start continues)")
     finally:
         stop_streams(streams)
+        monitor.source_outage = watch.summary() if watch else None
     _show(monitor.poll(stopped=True), log)  # the last batches' alerts: their metrics rows are in now
     return monitor
 
@@ -766,6 +775,8 @@ def cmd_stream(args: argparse.Namespace) -> int:
     settings = _settings(args, lakehouse)
     if problems := _check_rules_files(args.rules):
         return _refuse(problems)
+    if kafka:
+        check_topic(kafka.topic)  # a dead cluster or a mistyped topic: said now, not after Spark has started
     with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
         if not kafka:
             landing.mkdir(parents=True, exist_ok=True)
@@ -778,6 +789,9 @@ def cmd_stream(args: argparse.Namespace) -> int:
         monitor = stream(spark, lakehouse, source, settings, args.duration, drain=args.drain)
     if monitor.interrupted:
         return 130
+    if monitor.source_outage:
+        print(f"rulewatch stream: {monitor.source_outage}: what was sent meanwhile was read only once it answered", file=sys.stderr)
+        return 1
     if not args.drain:
         return 0
     if monitor.drained_in is None:

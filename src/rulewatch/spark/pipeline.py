@@ -23,6 +23,7 @@ from rulewatch.spark.checkpoints import check_queries
 from rulewatch.spark.delta_log import live_files
 from rulewatch.spark.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.landing import LandingReport, audit
 from rulewatch.spark.metrics import Recorder, flush_pending
@@ -34,12 +35,28 @@ from rulewatch.spark import tables
 Log = Callable[[str], None]
 
 
-def _run(query: StreamingQuery, name: str, log: Log) -> None:
+def _run(query: StreamingQuery, name: str, log: Log, kafka: KafkaSource | None = None) -> None:
     started = time.monotonic()
-    query.awaitTermination()
+    if kafka is None:
+        query.awaitTermination()
+    else:
+        _await_watched(query, kafka, log)
     if query.exception() is not None:
         raise RuntimeError(f"{name} query failed: {query.exception()}")
     log(f"{name}: done in {time.monotonic() - started:.1f}s")
+
+
+def _await_watched(query: StreamingQuery, kafka: KafkaSource, log: Log) -> None:
+    """Wait for ``query`` while probing its Kafka cluster: against a dead one Spark waits forever."""
+    timeout = timeout_s()
+    with Watch(kafka.topic, log) as watch:
+        while not query.awaitTermination(1):
+            if (outage := watch.down) is not None and outage.seconds() >= timeout:
+                query.stop()
+                raise KafkaUnreachable(
+                    f"Kafka at {kafka.topic.bootstrap} has not answered for {outage.seconds():.0f}s ({TIMEOUT_ENV} is "
+                    f"{timeout:g}s): the run stopped. Its checkpoint is intact; run again once the broker is back"
+                )
 
 
 def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
@@ -83,9 +100,10 @@ def run_bronze(
     check_queries(lakehouse, "bronze", spark=spark)
     check_source(lakehouse, source)
     started = time.time()
-    _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log)
     if isinstance(source, KafkaSource):
+        _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log, kafka=source)
         return None
+    _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log)
     report = audit(spark, lakehouse, source, "bronze", started)
     for problem in report.problems:
         log(f"bronze: NOT INGESTED: {problem}")
