@@ -54,6 +54,11 @@ def _number_amount(digits: str) -> str:
         (_line()[:-1] + ', "paymentAmount": 5000}', ["duplicate key in the JSON object (each field may appear once)"]),
         ('{"transactionId": "t1", "eventTime": NaN}', ["malformed JSON (not a JSON object on one line)"]),
         (_line(payeeId='x"}{"y'), []),  # braces and escaped quotes inside a string are data
+        # A key that is there but blank (after the identity rule's trim) would group unrelated events.
+        (_line(payeeId="  "), ["blank payeeId (send a value, or leave the field out)"]),
+        (_line(beneficiaryId="\u00a0\u200b\ufeff"), ["blank beneficiaryId (send a value, or leave the field out)"]),
+        (_line(paymentType=""), ["blank paymentType (send a value, or leave the field out)"]),
+        (_line(paymentType=" CSH\t"), []),
         # Time: no silent 1970 or today.
         (_line(eventTime=1793527200), ["eventTime '1793527200' is before 2000-01-01T00:00:00Z (epoch seconds? send milliseconds)"]),
         (_line(eventTime="10:00:00"), ["unparsable eventTime '10:00:00' (expected epoch milliseconds or an ISO-8601 date and time)"]),
@@ -133,3 +138,39 @@ def test_a_repeated_id_is_a_duplicate_within_the_dedup_horizon(spark, tmp_path, 
     assert counts == {"rows_in": 4, "rows_out": 4 - len(expected), "quarantined": 0, "duplicates": len(expected),
                       "rows_written": {"silver/transactions": 4 - len(expected), "silver/quarantine": 0,
                                        "silver/duplicates": len(expected)}}  # fmt: skip
+
+
+def test_ids_and_keys_follow_one_identity_rule_trimmed_then_nfc(spark, tmp_path):
+    """Surrounding white space and the Unicode form never make two ids or keys differ; inner text does."""
+    lakehouse = Lakehouse(str(tmp_path))
+    ensure_silver_tables(spark, lakehouse)
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    _classify(spark, lakehouse, 0, [
+        _line(transactionId="g", payeeId=nfc),
+        _line(transactionId="g ", payeeId=nfc),  # the same payment redelivered with a trailing space
+        _line(transactionId="h", payeeId=nfd),
+        _line(transactionId="i", payeeId=f"\u3000{nfc} "),
+        _line(transactionId="j", payeeId="caf e"),  # inner space: another payee
+        _line(transactionId=nfd, payeeId="p"),
+    ])  # fmt: skip
+    silver = {r.transaction_id: r.payee_id for r in spark.read.format("delta").load(lakehouse.silver_transactions).collect()}
+    assert silver == {"g": nfc, "h": nfc, "i": nfc, "j": "caf e", nfc: "p"}
+    duplicates = spark.read.format("delta").load(lakehouse.silver_duplicates).collect()
+    assert [(d.transaction_id, d.conflict) for d in duplicates] == [("g", False)]
+
+
+def test_a_reused_id_with_other_content_is_recorded_as_a_conflict(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path))
+    ensure_silver_tables(spark, lakehouse)
+    _classify(spark, lakehouse, 0, [_line(transactionId="t1", paymentAmount=10)])
+    _classify(spark, lakehouse, 1, [
+        _line(transactionId="t1", paymentAmount=10),  # a redelivery
+        _line(transactionId="t1", paymentAmount=9999),  # the id reused for another payment
+        _line(transactionId="t2", paymentAmount=1), _line(transactionId="t2", payeeId="other"),  # within one batch
+        _line(transactionId="t3"), _line(transactionId="t3"),
+    ])  # fmt: skip
+    duplicates = spark.read.format("delta").load(lakehouse.silver_duplicates).orderBy("transaction_id", "value").collect()
+    assert [(d.transaction_id, d.conflict) for d in duplicates] == [("t1", False), ("t1", True), ("t2", True), ("t3", False)]
+    assert "9999" in duplicates[1].value and '"other"' in duplicates[2].value
+    accepted = {r.transaction_id: r.payment_amount for r in spark.read.format("delta").load(lakehouse.silver_transactions).collect()}
+    assert accepted == {"t1": Decimal("10.00"), "t2": Decimal("1.00"), "t3": Decimal("12.50")}  # first wins

@@ -17,6 +17,8 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any, TypeGuard
 
+from rulewatch.engine.identity import canonical
+
 
 class Aggregator(str, Enum):
     """Aggregate computed over a rule's window."""
@@ -416,7 +418,9 @@ def parse_rule(obj: Mapping[str, Any]) -> Rule:
             text = _scalar_text(value)
             if text is None:
                 raise fail("filter", f"has {_show(value)} for {field!r}; allowed: a string, number or boolean")
-            found.append((field, text))
+            if not canonical(text):  # silver quarantines a blank field: such a filter could never match
+                raise fail("filter", f"has a blank value for {field!r}; allowed: a value with something other than white space")
+            found.append((field, canonical(text)))  # compared with events' values, which silver makes canonical
         return tuple(sorted(found))
 
     filter_ = checked(conditions)

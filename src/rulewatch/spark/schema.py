@@ -76,6 +76,7 @@ DUPLICATES = StructType([
     StructField("source_file", StringType()),
     StructField("ingest_time", TimestampType()),
     StructField("silver_batch_id", LongType()),
+    StructField("conflict", BooleanType(), metadata={"comment": "The id repeats with other content than the accepted line's (first wins): a reused id, not a redelivery"}),
 ])  # fmt: skip
 
 # config/rules: one row per rule, columns named exactly like the reference JSON fields so analysts'

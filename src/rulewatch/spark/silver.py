@@ -3,20 +3,23 @@
 Nothing disappears: every bronze row ends in exactly one of ``silver/transactions``,
 ``silver/quarantine`` (with the reasons it failed) or ``silver/duplicates`` (a transaction id
 already accepted, in this batch or an earlier one, with an event time within the dedup horizon;
-the first occurrence wins).
+the first occurrence wins; ``conflict`` marks a repeat whose content differs from the accepted one).
+Ids and keys are compared by one rule (engine/identity.py): trimmed of white space, then NFC.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import time
-from functools import cache, partial
+from functools import cache, partial, reduce
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from rulewatch.engine.identity import EDGE_CHARACTERS, composed
 from rulewatch.spark import schema, tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table
@@ -110,6 +113,7 @@ REASON_CODES: list[tuple[str, str]] = [
     (r"^paymentAmount above ", "amount_too_large"),
     (r"^paymentAmount has more than 2 decimal", "amount_too_precise"),
     (r"^unknown paymentType", "unknown_payment_type"),
+    (r"^blank [A-Za-z]+ \(", "blank_field"),
     (r" must be text, got ", "wrong_type"),
 ]
 OTHER_REASON = "other"
@@ -280,7 +284,8 @@ def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], toleran
         "_epoch": event_time_text.rlike(EPOCH_MS),
         "_amount_text": _text("paymentAmount"),
         "_amount_kind": F.schema_of_variant(_variant("paymentAmount")),
-        "_id": F.trim(_text("transactionId")),
+        # Trimmed here; composed to NFC in write_classified, for the few rows with non-ASCII text.
+        **{_trimmed(f): F.trim(_text(f), F.lit(EDGE_CHARACTERS)) for f in TEXT_FIELDS},
     })  # fmt: skip
     epoch = F.col("_epoch")
     stages.append({
@@ -309,13 +314,15 @@ def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], toleran
         (trailing, F.lit("trailing content after the JSON object (one object per line)")),
     ]
     checks: list[tuple[Column, Column]] = [
-        (F.coalesce(F.col("_id"), F.lit("")) == "", F.lit("missing transactionId")),
+        (F.coalesce(F.col(_trimmed("transactionId")), F.lit("")) == "", F.lit("missing transactionId")),
         *_event_time_checks(event_time_text, event_time, epoch, tolerance),
         *amount_checks,
         (
-            _text("paymentType").isNotNull() & ~_text("paymentType").isin(*allowed_types),
+            F.col(_trimmed("paymentType")).isNotNull() & ~F.col(_trimmed("paymentType")).isin(*allowed_types, ""),
             F.concat(F.lit("unknown paymentType '"), _text("paymentType"), F.lit(f"' (allowed: {', '.join(allowed_types)})")),
         ),
+        # A key that is there but blank would group every such event under one empty key.
+        *[(F.col(_trimmed(f)) == "", F.lit(f"blank {f} (send a value, or leave the field out)")) for f in TEXT_FIELDS if f != "transactionId"],
         *_wrong_types(F.col("_flat")),
     ]
     # A line that is not one JSON object fails every check that reads a field; report only the cause.
@@ -327,12 +334,38 @@ def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], toleran
     stages.append({"_cause": cause, "_failed": failed})
     reasons = F.when(F.col("_cause").isNotNull(), F.array(F.col("_cause"))).otherwise(F.col("_failed"))
     typed = [
-        F.col("_id").alias("transaction_id"),
         event_time.alias("event_time"),
         amount.alias("payment_amount"),
-        *[_text(f).alias(c) for f, c in schema.FIELD_COLUMNS.items() if c not in ("transaction_id", "payment_amount")],
+        *[F.col(_trimmed(f)).alias(schema.FIELD_COLUMNS[f]) for f in TEXT_FIELDS],
     ]
     return stages, ["value", "source_file", "ingest_time", "ingest_seq", *typed, reasons.alias("reasons")]
+
+
+def _trimmed(field: str) -> str:
+    return f"_trimmed_{field}"
+
+
+# Silver's id and key columns: compared by engine/identity.py's rule.
+ID_COLUMNS = [schema.FIELD_COLUMNS[f] for f in TEXT_FIELDS]
+# What a payment says (everything silver types but its id): a redelivery repeats it exactly.
+CONTENT_COLUMNS = ["event_time", *[c for c in schema.FIELD_COLUMNS.values() if c != "transaction_id"]]
+
+
+def _non_ascii(columns: list[str]) -> Column:
+    """Some column holds a character outside ASCII (its UTF-8 is longer than its character count)."""
+    return reduce(operator.or_, [F.coalesce(F.octet_length(c) != F.length(c), F.lit(False)) for c in columns])
+
+
+def _composed(rows: DataFrame, needed: Column) -> DataFrame:
+    """``rows`` with the ids and keys of the ``needed`` rows composed to NFC, in Python: Spark SQL has no
+    Unicode normalisation, and ASCII text (nearly every row) is NFC already, so only those rows pay."""
+    nfc = F.udf(composed, "string")
+    return rows.where(~needed).unionByName(rows.where(needed).withColumns({c: nfc(c) for c in ID_COLUMNS}))
+
+
+def content_hash() -> Column:
+    """A row's content as silver keeps it, but for its id: two lines of one id whose hashes differ conflict."""
+    return F.xxhash64(*CONTENT_COLUMNS)
 
 
 def dedup_horizon_ms() -> int:
@@ -343,7 +376,8 @@ def dedup_horizon_ms() -> int:
 def _earlier_times(
     spark: SparkSession, lakehouse: Lakehouse, batch_id: int, ids: DataFrame, event_range: tuple[Any, Any], horizon_ms: int
 ) -> DataFrame:
-    """Per transaction id of ``ids``, the event times (ms) silver accepted it with in earlier batches near this batch's.
+    """Per transaction id of ``ids``, the event times (ms) and content hashes silver accepted it with in
+    earlier batches near this batch's (``_seen``: an array of ``ms``, ``hash``).
 
     Earlier batches only: a replay of this batch must classify its rows exactly as before. The
     event-time bound lets Delta skip files by their min/max statistics; the semi-join on the
@@ -357,10 +391,10 @@ def _earlier_times(
         tables.read(spark, lakehouse.silver_transactions)
         .where(F.col("silver_batch_id") < batch_id)
         .where(F.col("event_time").between(F.lit(low) - horizon, F.lit(high) + horizon))
-        .select("transaction_id", "event_time")
         .join(ids, "transaction_id", "left_semi")
+        .select("transaction_id", F.struct(F.unix_millis("event_time").alias("ms"), content_hash().alias("hash")).alias("_seen"))
         .groupBy("transaction_id")
-        .agg(F.collect_list(F.unix_millis("event_time")).alias("_seen_ms"))
+        .agg(F.collect_list("_seen").alias("_seen"))
     )
 
 
@@ -371,20 +405,29 @@ BROADCAST_REPEATS = 200_000
 
 
 def _repeats(valid: DataFrame, earlier: DataFrame | None, horizon_ms: int) -> DataFrame:
-    """The valid lines that repeat an accepted transaction id, by their ``LINE_ORDER`` (a tiny frame as a rule).
+    """The valid lines that repeat an accepted transaction id, by their ``LINE_ORDER`` (a tiny frame as a rule),
+    each with ``_repeat_conflict``: its content differs from the accepted line's.
 
-    Worked out on the ids and line positions alone: the whole lines (JSON text, typed fields) are
-    never shuffled, only joined back against this frame.
+    Worked out on the ids, line positions and content hashes alone: the whole lines (JSON text,
+    typed fields) are never shuffled, only joined back against this frame. The accepted line is
+    an earlier batch's within the horizon if there is one (a conflict then differs from every such
+    line), else this batch's first.
     """
-    keys = valid.select("transaction_id", "event_time", *LINE_ORDER)
+    keys = valid.select("transaction_id", "event_time", *LINE_ORDER, content_hash().alias("_hash"))
     first = Window.partitionBy("transaction_id").orderBy(*LINE_ORDER)
-    ranked = keys.withColumn("_rank", F.row_number().over(first))
-    repeated = F.col("_rank") > 1
+    ranked = keys.withColumns({"_rank": F.row_number().over(first), "_first_hash": F.first("_hash").over(first)})
+    repeated, conflict = F.col("_rank") > 1, F.col("_hash") != F.col("_first_hash")
     if earlier is not None:
         ranked = ranked.join(earlier, "transaction_id", "left")
         event_ms = F.unix_millis("event_time")
-        repeated = repeated | F.coalesce(F.exists("_seen_ms", lambda t: F.abs(t - event_ms) <= horizon_ms), F.lit(False))
-    return ranked.where(repeated).select(*[F.col(c).alias(f"_repeat_{c}") for c in LINE_ORDER], F.lit(True).alias("_repeat"))
+        near = F.filter("_seen", lambda seen: F.abs(seen["ms"] - event_ms) <= horizon_ms)
+        ranked = ranked.withColumn("_near", F.coalesce(near, F.array()))
+        repeated = repeated | (F.size("_near") > 0)
+        same = F.exists("_near", lambda seen: seen["hash"] == F.col("_hash"))
+        conflict = F.when(F.size("_near") > 0, ~same).otherwise(conflict)
+    return ranked.where(repeated).select(
+        *[F.col(c).alias(f"_repeat_{c}") for c in LINE_ORDER], F.lit(True).alias("_repeat"), conflict.alias("_repeat_conflict")
+    )
 
 
 def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, int]:
@@ -400,9 +443,13 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     repeats = None
     try:
         valid_time = F.when(F.col("_valid"), F.col("event_time"))
-        low, high, valid_n, total = rows.agg(
-            F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1))
+        needs_nfc = F.col("_valid") & _non_ascii(ID_COLUMNS)
+        low, high, valid_n, total, non_ascii = rows.agg(
+            F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1)), F.count(F.when(needs_nfc, 1))
         ).first()
+        if non_ascii:
+            parsed, rows = rows, _composed(rows, needs_nfc).persist()
+            parsed.unpersist()
         valid = rows.where("_valid")
         ids = valid.select("transaction_id")
         earlier = _earlier_times(spark, lakehouse, batch_id, ids, (low, high), horizon_ms) if low is not None else None
@@ -426,7 +473,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
              ["value", F.concat_ws("; ", "reasons").alias("reason"), reason_codes(F.col("reasons")).alias("reason_code"),
               "source_file", "ingest_time", batch]),
             ("duplicates", lakehouse.silver_duplicates, "duplicates",
-             ["transaction_id", "value", "source_file", "ingest_time", batch]),
+             ["transaction_id", "value", "source_file", "ingest_time", batch, F.col("_repeat_conflict").alias("conflict")]),
         ]  # fmt: skip
         together([
             partial(append_once, classified.where(F.col("_class") == name).select(*columns), path,
