@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -262,6 +263,34 @@ def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
     assert err.startswith("rulewatch: ") and str(rules) in err
     assert ("cannot be read" in err) if content is None else ("aggregateFieldName" in err)
     assert not (tmp_path / "lakehouse").exists()  # refused before the lakehouse (and Spark) was touched
+
+
+@pytest.mark.parametrize("command", ["rules apply", "run --rules"])
+def test_a_rules_file_that_is_a_fifo_is_refused_at_once(tmp_path, capsys, monkeypatch, command):
+    import rulewatch.spark.session
+
+    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    fifo = tmp_path / "rules.json"
+    os.mkfifo(fifo)
+    args = {
+        "rules apply": ["rules", "apply", str(fifo)],
+        "run --rules": ["run", "--landing", str(tmp_path), "--rules", str(fifo)],
+    }[command] + ["--lakehouse", str(tmp_path / "lakehouse")]
+
+    def blocked(*_):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # end the blocked read, or pytest waits too
+        raise AssertionError(f"rulewatch {command} still reading the FIFO after 5 s")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(5)
+    try:
+        code, err = cli(args, capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert code == 2
+    assert err.startswith(f"rulewatch: 1 invalid rule(s) in {fifo}:\n  is a named pipe (FIFO), not a regular file; give the path of a rules file\n")
+    assert "Traceback" not in err and not (tmp_path / "lakehouse").exists()
 
 
 @pytest.mark.parametrize("command", ["stream", "demo"])

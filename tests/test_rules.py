@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import socket
+import threading
 from decimal import Decimal
 from typing import Any
 
@@ -11,10 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rulewatch.engine import rules as rules_module
 from rulewatch.engine.rules import (
     DURATION_FORMS,
     EVENT_FIELDS,
     MAX_RULE_ID,
+    MAX_RULES_FILE_BYTES,
     NUMERIC_FIELDS,
     Aggregator,
     Operator,
@@ -441,6 +446,58 @@ def test_load_rules_file_names_the_file(tmp_path: Any) -> None:
 
     with pytest.raises(RuleSetError, match="missing.json"):
         load_rules_file(tmp_path / "missing.json")
+
+
+def refusal(path: Any, seconds: float = 5.0) -> str:
+    """The RuleSetError text load_rules_file(path) raises, read in a thread so that a load which
+    blocks (on a FIFO without a writer) fails the test instead of hanging the suite."""
+    outcome: list[BaseException | object] = []
+
+    def load() -> None:
+        try:
+            outcome.append(load_rules_file(path))
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            outcome.append(err)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer that ends at once: the blocked read sees EOF
+        pytest.fail(f"load_rules_file({path}) still running after {seconds} s")
+    assert len(outcome) == 1 and isinstance(outcome[0], RuleSetError), outcome
+    return str(outcome[0])
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Any) -> None:
+    fifo = tmp_path / "rules.json"
+    os.mkfifo(fifo)
+    assert refusal(fifo) == f"1 invalid rule(s) in {fifo}:\n  is a named pipe (FIFO), not a regular file; give the path of a rules file"
+
+
+def test_a_folder_a_device_or_a_socket_is_refused(tmp_path: Any) -> None:
+    assert "is a folder, not a regular file" in refusal(tmp_path)
+    # /dev/null rather than /dev/zero: should the check regress, the endless read would not stop at the timeout.
+    assert refusal("/dev/null").startswith("1 invalid rule(s) in /dev/null:\n  is a character device, not a regular file")
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "rules.sock"))
+        assert "is a socket, not a regular file" in refusal(tmp_path / "rules.sock")
+
+
+def test_a_rules_file_over_the_size_limit_is_refused_unread(tmp_path: Any) -> None:
+    huge = tmp_path / "rules.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(MAX_RULES_FILE_BYTES + 1)  # sparse: no disk used
+    assert f"is larger than 10 MiB, the most a rules file may hold ({MAX_RULES_FILE_BYTES + 1} bytes)" in refusal(huge)
+
+
+def test_a_file_whose_size_stat_does_not_tell_is_read_only_up_to_the_limit(monkeypatch: Any) -> None:
+    """/proc files are regular files of size 0 whatever they hold: the bounded read still stops them."""
+    monkeypatch.setattr(rules_module, "MAX_RULES_FILE_BYTES", 64)
+    assert os.stat("/proc/self/status").st_size == 0
+    refused = refusal("/proc/self/status")
+    assert "is larger than" in refused and refused.endswith("the most a rules file may hold")
 
 
 @pytest.mark.parametrize("aggregator", ["SUM", "COUNT", "COUNT_FLINK"])

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rulewatch.cli import arguments
@@ -107,15 +107,20 @@ def cmd_rules_history(args: argparse.Namespace) -> int:
 
 def cmd_rules_clear_state(args: argparse.Namespace) -> int:
     """Ask the evaluator to forget one rule's (or every rule's) window state up to a point in event time."""
-    from rulewatch.spark.commands import CommandError, request_clear_state
+    from rulewatch.spark.commands import CommandError, as_utc, future_clear_point, request_clear_state
     from rulewatch.spark.rules_table import rules_table_exists
+    from rulewatch.spark.settings import future_tolerance
 
     before = None
     if args.before:
         try:
-            before = datetime.fromisoformat(args.before.replace("Z", "+00:00"))
+            before = as_utc(datetime.fromisoformat(args.before))
         except ValueError:
             print(f"rulewatch: --before {args.before!r} is not an ISO-8601 time such as 2026-11-01T12:00:00Z", file=sys.stderr)
+            return 2
+        future = future_clear_point(before, datetime.now(timezone.utc), future_tolerance())
+        if future is not None:  # known without silver: refused before Spark starts
+            print(f"rulewatch: {future}", file=sys.stderr)
             return 2
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
@@ -155,7 +160,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     which = clear.add_mutually_exclusive_group(required=True)
     which.add_argument("--rule", type=arguments.rule_id, help="the rule id to clear")
     which.add_argument("--all", action="store_true", help="clear every current rule")
-    clear.add_argument("--before", help="forget events up to this event time (ISO-8601; default: the newest event in silver)")
+    clear.add_argument(
+        "--before",
+        help="forget events up to this event time, between the oldest and newest in silver (ISO-8601, no zone: UTC; default: the newest)",
+    )
     clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
     clear.set_defaults(func=arguments.needs(cmd_rules_clear_state))
     return rules

@@ -11,6 +11,7 @@ import json
 import operator as _op
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -113,6 +114,17 @@ _RULE_FIELDS = (
 # config/rules.ruleId (and every rule_id column after it) is a Spark IntegerType: 32-bit signed.
 MAX_RULE_ID = 2**31 - 1
 _ALLOWED_RULE_IDS = f"a positive integer between 1 and {MAX_RULE_ID} (config/rules stores ruleId as int)"
+
+# Far beyond any real rule set (a rule is a few hundred bytes), and small enough that a wrong path,
+# a log or an image, is refused at once instead of being read into memory.
+MAX_RULES_FILE_BYTES = 10 * 2**20
+_NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 DURATION_FORMS = "a positive integer followed by ms, s, m, h or d (e.g. '250ms', '10s', '3m', '24h', '90d')"
 _UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}  # largest first
@@ -520,14 +532,32 @@ def parse_rules(source: str | bytes | list[Any]) -> list[Rule]:
     return rules
 
 
+def _read_rules_bytes(name: str) -> bytes:
+    """The file's bytes; raises RuleError for anything but a regular file of at most MAX_RULES_FILE_BYTES."""
+    # Checked before opening: reading a FIFO waits for a writer and /dev/zero never ends.
+    info = os.stat(name)
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((kind for is_kind, kind in _NOT_FILES if is_kind(info.st_mode)), "a special file")
+        raise RuleError(None, "", f"is {kind}, not a regular file; give the path of a rules file")
+    too_big = f"is larger than {MAX_RULES_FILE_BYTES // 2**20} MiB, the most a rules file may hold"
+    if info.st_size > MAX_RULES_FILE_BYTES:
+        raise RuleError(None, "", f"{too_big} ({info.st_size} bytes)")
+    with open(name, "rb") as handle:
+        data = handle.read(MAX_RULES_FILE_BYTES + 1)  # bounded: the file may have grown since the check
+    if len(data) > MAX_RULES_FILE_BYTES:
+        raise RuleError(None, "", too_big)
+    return data
+
+
 def load_rules_file(path: str | os.PathLike[str]) -> list[Rule]:
     """Parse a rules file; any problem is raised as a RuleSetError naming the file."""
     name = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = _read_rules_bytes(name)
     except OSError as exc:
         raise RuleSetError([RuleError(None, "", f"cannot be read: {exc.strerror}")], [""], name) from exc
+    except RuleError as exc:
+        raise RuleSetError([exc], [""], name) from None
     try:
         return parse_rules(data)
     except RuleSetError as exc:
