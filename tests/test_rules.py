@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rulewatch.engine.identity import canonical
 from rulewatch.engine import rules as rules_module
 from rulewatch.engine.rules import (
     DURATION_FORMS,
@@ -337,6 +338,10 @@ def test_to_json_omits_defaults_and_emits_numbers() -> None:
     )
 
 
+# What a parsed filter holds: values already in the identity rule's form, never blank.
+FILTER_VALUES = st.text().map(canonical).filter(bool)
+
+
 @st.composite
 def valid_rules(draw: st.DrawFn) -> Rule:
     aggregator = draw(st.sampled_from(Aggregator))
@@ -352,7 +357,7 @@ def valid_rules(draw: st.DrawFn) -> Rule:
         operator=draw(st.sampled_from(Operator)),
         limit=draw(st.decimals(allow_nan=False, allow_infinity=False)),
         window_ms=window_ms,
-        filter=tuple(sorted(draw(st.dictionaries(st.sampled_from(list(EVENT_FIELDS)), st.text(), max_size=3)).items())),
+        filter=tuple(sorted(draw(st.dictionaries(st.sampled_from(list(EVENT_FIELDS)), FILTER_VALUES, max_size=3)).items())),
         cooldown_ms=draw(st.integers(0, 10**13)),
         report_new_values_only=aggregator is Aggregator.UNIQUE_COUNT and draw(st.booleans()),
         bucket_ms=bucket_ms,
