@@ -59,6 +59,7 @@ GRANT SELECT ON VIEW main.rulewatch.top_alerting_keys TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.rule_effectiveness TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.latency_trend TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.quarantine_reasons TO `fraud-analysts`;
+GRANT SELECT ON VIEW main.rulewatch.id_conflicts TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.rule_changes TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.pipeline_batches TO `fraud-analysts`;
 GRANT SELECT ON VIEW main.rulewatch.freshness TO `fraud-analysts`;

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.views import register_views
 from conftest import bronze_frame
 from rulewatch.spark.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
 
@@ -174,3 +175,5 @@ def test_a_reused_id_with_other_content_is_recorded_as_a_conflict(spark, tmp_pat
     assert "9999" in duplicates[1].value and '"other"' in duplicates[2].value
     accepted = {r.transaction_id: r.payment_amount for r in spark.read.format("delta").load(lakehouse.silver_transactions).collect()}
     assert accepted == {"t1": Decimal("10.00"), "t2": Decimal("1.00"), "t3": Decimal("12.50")}  # first wins
+    register_views(spark, lakehouse, viewer_in_pii_group=False)  # the dashboard's view of them
+    assert [r.transaction_id for r in spark.sql("SELECT * FROM id_conflicts ORDER BY transaction_id").collect()] == ["t1", "t2"]

@@ -42,6 +42,7 @@ SOURCES: dict[str, tuple[str, str, StructType]] = {
     "rule_history": ("gold", "rule_history", schema.RULE_HISTORY),
     "late_events": ("gold", "late_events", schema.LATE_EVENTS),
     "quarantine": ("silver", "quarantine", schema.QUARANTINE),
+    "duplicates": ("silver", "duplicates", schema.DUPLICATES),
     "silver_transactions": ("silver", "transactions", schema.SILVER),
     "rules": ("config", "rules", schema.RULES),
 }
@@ -198,6 +199,14 @@ FROM (
   FROM {quarantine} LATERAL VIEW posexplode(split(coalesce(reason_code, 'uncoded'), '; ')) codes AS i, code
 )
 GROUP BY reason_code""",
+    ),
+    View(
+        "id_conflicts",
+        "Lines that reused an accepted transaction id with other content (first wins; the line is in silver/duplicates)",
+        """
+SELECT transaction_id, ingest_time, source_file, silver_batch_id
+FROM {duplicates}
+WHERE conflict""",
     ),
     View(
         "rule_changes",
