@@ -11,7 +11,7 @@ import pytest
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.views import register_views
 from conftest import bronze_frame
-from rulewatch.spark.silver import DEDUP_HORIZON_ENV, ensure_silver_tables, parse, write_classified
+from rulewatch.spark.silver import DEDUP_HORIZON_ENV, MAX_LINE_BYTES, ensure_silver_tables, parse, write_classified
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip
@@ -82,6 +82,12 @@ def _number_amount(digits: str) -> str:
 def test_bad_lines_get_every_reason(spark, line, reasons):
     (row,) = _parse(spark, [line])
     assert row.reasons == reasons
+
+
+def test_a_line_over_the_size_limit_gets_that_reason_not_malformed_json(spark):
+    padded = _line(payeeId="x" * MAX_LINE_BYTES)
+    (row,) = _parse(spark, [padded])
+    assert row.reasons == [f"line too long: {len(padded):,} bytes (at most {MAX_LINE_BYTES:,}; one transaction per line)"]
 
 
 def test_good_lines_are_typed_exactly(spark):

@@ -28,6 +28,9 @@ from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, future_tolerance
 from rulewatch.spark.sinks import append_once, batch_column, per_run, sink_name, together
 
 MAX_AMOUNT = 10**12
+# A transaction is a few hundred bytes; past this a line is refused before any field is read (the
+# JSON reader's own limits would otherwise call a 50 MB line "malformed JSON", a false reason).
+MAX_LINE_BYTES = 1_048_576
 WHITESPACE = " \t\r\n"  # JSON's whitespace
 # An event time before this is a unit mistake (epoch seconds read as milliseconds land in January
 # 1970) or a placeholder, not a payment.
@@ -99,6 +102,7 @@ def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
 # value, so grouping by it explodes on real traffic. (regex on the reason, code); first match wins.
 REASON_CODES: list[tuple[str, str]] = [
     (r"^not valid UTF-8", "not_utf8"),
+    (r"^line too long", "line_too_long"),
     (r"^blank line", "blank_line"),
     (r"^malformed JSON", "malformed_json"),
     (r"^duplicate key", "duplicate_key"),
@@ -308,6 +312,10 @@ def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], toleran
     trailing = ~F.col("_flat") & ~_one_object(F.col("_skeleton"), F.col("v"))
     causes: list[tuple[Column, Column]] = [
         (not_utf8, F.lit("not valid UTF-8 (bronze keeps the line's bytes in value_bytes)")),
+        (
+            F.octet_length("value") > MAX_LINE_BYTES,
+            F.format_string(f"line too long: %,d bytes (at most {MAX_LINE_BYTES:,}; one transaction per line)", F.octet_length("value")),
+        ),
         (blank, F.lit("blank line")),
         (malformed, F.lit("malformed JSON (not a JSON object on one line)")),
         (duplicate_key, F.lit("duplicate key in the JSON object (each field may appear once)")),
