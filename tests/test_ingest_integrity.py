@@ -199,6 +199,29 @@ def test_the_audit_answers_from_its_record_of_what_bronze_read(spark, layered):
     assert json.loads(record.read_text(encoding="utf-8"))["through_ms"] == newest
 
 
+def test_a_file_that_cannot_be_read_as_its_name_says_is_named_and_the_others_ingested(spark, tmp_path, rules):
+    """Hadoop decompresses by name: a .gz that is not gzip failed the whole batch on every restart."""
+    import bz2
+    import gzip
+
+    landing, lakehouse = tmp_path / "landing", Lakehouse(str(tmp_path / "lakehouse"))
+    landing.mkdir()
+    (landing / "good.jsonl").write_text(_payment("good-1", T0) + "\n")
+    (landing / "real.jsonl.gz").write_bytes(gzip.compress((_payment("gz-1", T0) + "\n" + _payment("gz-2", T0) + "\n").encode()))
+    (landing / "real.jsonl.bz2").write_bytes(bz2.compress((_payment("bz-1", T0) + "\n").encode()))
+    (landing / "plain.jsonl.gz").write_text(_payment("plain-gz", T0) + "\n")
+    (landing / "plain.bz2").write_text(_payment("plain-bz", T0) + "\n")
+    whole = gzip.compress("".join(_payment(f"cut-{i}", T0) + "\n" for i in range(200)).encode())
+    (landing / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a torn copy
+    for attempt in range(2):  # the restart neither fails nor forgets the bad files
+        summary = _run(spark, lakehouse, landing, rules)
+        bad = sorted(p.split(" ")[0] for p in summary.landing.problems)
+        assert bad == [str(landing / n) for n in ("cut.jsonl.gz", "plain.bz2", "plain.jsonl.gz")], summary.landing.problems
+        assert "is not valid gzip to its end" in summary.landing.problems[0] and not summary.ok
+    ids = {r.transaction_id for r in spark.read.format("delta").load(lakehouse.silver_transactions).collect()}
+    assert {"good-1", "gz-1", "gz-2", "bz-1"} <= ids and not {"plain-gz", "plain-bz"} & ids
+
+
 def test_a_batch_whose_observed_line_count_never_came_back_is_counted_again(spark, tmp_path, monkeypatch):
     # A Spark Connect server sends an observation's values only if it completed before the write's
     # answer; without them the metrics row must still count every line, and nothing else changes.

@@ -40,6 +40,10 @@ def read_landing(spark: SparkSession, landing: str, max_files_per_trigger: int |
         # on every restart. The raw local file system has no checksum files; a reader option reaches
         # only this read, and an uncached instance, since the cache would hand back the checksummed one.
         reader = reader.option("fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem").option("fs.file.impl.disable.cache", "true")
+        # Hadoop decompresses by name (.gz, .bz2, ...): a file named .gz that is not gzip failed
+        # the whole batch on every restart. Such a file is skipped here instead, and the landing
+        # audit names it (landing.py: a compressed file is checked whole once).
+        reader = reader.option("ignoreCorruptFiles", "true")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     # The text source does not check UTF-8: invalid bytes would reach Parquet (which no reader then

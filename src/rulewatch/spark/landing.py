@@ -43,6 +43,11 @@ MTIME_SLACK_S = 2.0
 
 # In the bronze query's checkpoint: what bronze recorded per file, up to an ingest time (files_read).
 FILES_READ = "rulewatch-files-read.json"
+# Beside it: the compressed files found whole, by path -> [size, mtime_ns] (each is decompressed once).
+COMPRESSED_CHECKED = "rulewatch-compressed-checked.json"
+# Hadoop's codecs by file name; the ones Python can read to the end are checked (the rest cannot be here).
+CODECS = {".gz": "gzip", ".bz2": "bzip2", ".deflate": "deflate", ".lz4": "lz4", ".snappy": "snappy", ".zst": "zstd"}
+CHECKABLE = ("gzip", "bzip2", "deflate")
 CLOCK_SLACK_MS = 10 * 60 * 1000
 
 
@@ -197,7 +202,62 @@ def audit(spark: SparkSession, lakehouse: Lakehouse, landing: str, query: str, s
             report.pending.append(f"{path} landed after the run listed the folder; the next run reads it")
         elif problem:
             report.problems.append(problem)
+    report.problems += _damaged(lakehouse.checkpoint(query), {p: s for p, s in on_disk.items() if p in listed})
     return report
+
+
+def _codec(path: str) -> str | None:
+    return CODECS.get(os.path.splitext(path)[1].lower())
+
+
+def _readable_whole(path: str, codec: str) -> bool | None:
+    """Whether the file decompresses to its end (None: no reader for ``codec`` here)."""
+    import bz2
+    import gzip
+    import zlib
+
+    opener = {"gzip": gzip.open, "bzip2": bz2.open}.get(codec)
+    try:
+        if opener is not None:
+            with opener(path, "rb") as stream:
+                while stream.read(1 << 20):
+                    pass
+            return True
+        if codec == "deflate":  # Hadoop's DefaultCodec: one zlib stream
+            with open(path, "rb") as raw:
+                zlib.decompress(raw.read())
+            return True
+    except (OSError, EOFError, zlib.error):
+        return False
+    return None
+
+
+def _damaged(checkpoint: str, listed: dict[str, os.stat_result]) -> list[str]:
+    """The listed compressed files that do not decompress whole: the reader skips what it cannot read
+    (``ignoreCorruptFiles``) rather than fail every other file with it, so they are named here.
+
+    Each file is checked once per size and modification time (kept in the checkpoint)."""
+    record = Path(checkpoint, COMPRESSED_CHECKED) if "://" not in checkpoint else None
+    try:
+        checked = json.loads(record.read_text(encoding="utf-8")) if record is not None and record.is_file() else {}
+    except ValueError:
+        checked = {}
+    problems = []
+    for path, status in sorted(listed.items()):
+        codec, stamp = _codec(path), [status.st_size, status.st_mtime_ns]
+        if codec is None or checked.get(path) == stamp:
+            continue
+        whole = _readable_whole(path, codec)
+        if whole is False:
+            problems.append(
+                f"{path} is not valid {codec} to its end (its name ends in {os.path.splitext(path)[1]}, so it is read as {codec}): "
+                "its lines were not all ingested. Land it uncompressed or as a complete file under a new name"
+            )
+        elif whole:
+            checked[path] = stamp
+    if record is not None and checked:
+        write_whole(record, json.dumps(checked))
+    return problems
 
 
 def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[str, FileRead]:
@@ -249,6 +309,8 @@ def _reconcile(path: str, stat: os.stat_result | None, listed: bool, read: FileR
             return f"{path} was listed but gone before it was read: its lines never reached bronze"
         if stat.st_size == 0:
             return None  # nothing to ingest (yet); a later growth shows up once it has bytes
+        if listed and _codec(path) in CHECKABLE:
+            return None  # a compressed file the reader could not read: _damaged names it
         if listed:
             return (f"{path} was empty when it was read and has {stat.st_size:,} bytes now: those lines were never "
                     "ingested (land files complete: write under a temporary name, then rename)")  # fmt: skip
