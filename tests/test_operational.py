@@ -43,6 +43,48 @@ def test_the_lock_is_released_after_a_run(tmp_path):
         pass
 
 
+@pytest.mark.parametrize(
+    ("command", "when"),
+    [
+        ("rulewatch stream", "its gold stream applies this change from its next micro-batch"),
+        ("rulewatch demo", "its gold stream applies this change from its next micro-batch"),
+        ("rulewatch run", "that run's evaluator takes this change only if its gold layer had not started yet, otherwise the next run's "
+                          "(the run's summary names the config/rules version it evaluated with)"),
+        ("rulewatch job run rulewatch_live", "a live stream applies this change from its next micro-batch; a run whose gold layer has started, from the next run"),
+    ],
+)  # fmt: skip
+def test_the_lock_names_its_command_and_rules_apply_says_when_the_holder_takes_a_change(tmp_path, command, when):
+    from rulewatch.cli.rules_cli import running_notice
+    from rulewatch.spark.lakehouse import lock_holder
+
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    assert lock_holder(lakehouse) is None  # no lock file yet
+    with exclusive(lakehouse, command):
+        notice = running_notice(lock_holder(lakehouse) or "")
+    assert notice.startswith(f"rulewatch: lakehouse in use by pid {os.getpid()} ({command}) since ")
+    assert notice.endswith(when) and "\n" not in notice
+    assert lock_holder(lakehouse) is None  # released; the file stays
+
+
+def test_rules_apply_prints_the_notice_only_while_a_run_holds_the_lakehouse(tmp_path, capsys, monkeypatch):
+    from rulewatch.cli import rules_cli
+    from rulewatch.spark import rules_table
+
+    monkeypatch.setattr(rules_cli, "_spark_and_lakehouse", lambda args: (None, Lakehouse(args.lakehouse)))
+    changes = {"updated": [rules_table.RuleChange(1, "updated")], "unchanged": [rules_table.RuleChange(1, "unchanged")]}
+    outcome = "updated"
+    monkeypatch.setattr(rules_table, "apply_rules", lambda *_: changes[outcome])
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    apply = ["rules", "apply", str(FIXTURES / "rules.json"), "--lakehouse", lakehouse.root]
+    with exclusive(lakehouse, "rulewatch run"):
+        code, err = cli(apply, capsys)
+        assert code == 0 and f"rulewatch: lakehouse in use by pid {os.getpid()} (rulewatch run) since " in err
+        outcome = "unchanged"  # nothing written: nothing for the run to take
+        assert "in use" not in cli(apply, capsys)[1]
+    outcome = "updated"
+    assert "in use" not in cli(apply, capsys)[1]
+
+
 def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # the repository's bundle
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))

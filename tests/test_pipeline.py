@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from datetime import timedelta
 from decimal import Decimal
@@ -13,9 +14,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
 from conftest import FIXTURES, run_fixture_pipeline
+from rulewatch.engine.rules import parse_rule
 from rulewatch.spark import schema
+from rulewatch.spark.checkpoints import delta_version_read
 from rulewatch.spark.delta_log import actions, live_files
-from rulewatch.spark.pipeline import _counted_from_files, summarize
+from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.pipeline import Summary, _counted_from_files, run_all, summarize
+from rulewatch.spark.rules_table import apply_rules
 
 ALERT_KEY = StructType([
     StructField("rule_id", IntegerType(), False),
@@ -223,3 +228,85 @@ def test_a_table_whose_rows_the_files_alone_do_not_give_is_left_to_spark(spark, 
     spark.sql(f"DELETE FROM delta.`{pruned}` WHERE id = 3")  # a deletion vector, not a rewritten file
     assert live_files(pruned) is None
     assert live_files(str(tmp_path / "nothing")) is None
+
+
+def test_a_rules_change_during_a_run_leaves_the_summary_counting_what_gold_evaluated_with(spark, tmp_path, monkeypatch):
+    """A change committed before gold starts is evaluated with; one committed while gold runs is not, even
+    by its later batches (availableNow: the rules as they were when it started), and the summary says so."""
+    from rulewatch.spark import gold
+    from rulewatch.spark.gold import GoldSettings
+
+    rules = {r["ruleId"]: r for r in json.loads((FIXTURES / "rules.json").read_text())}
+    landing = tmp_path / "landing"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+
+    def set_state(rule_id: int, state: str) -> None:
+        apply_rules(spark, lakehouse, [parse_rule({**rules[rule_id], "ruleState": state})])
+
+    def before_gold(line: str) -> None:  # the run's log: called as each layer ends
+        if line.startswith("silver: done"):
+            set_state(1, "PAUSE")
+
+    write_batch = gold.write_batch
+
+    def write_then_change(out, batch_id: int, **kwargs) -> None:
+        write_batch(out, batch_id, **kwargs)
+        if batch_id == 0:
+            set_state(4, "ACTIVE")
+
+    monkeypatch.setattr(gold, "write_batch", write_then_change)
+    # One silver file per batch: gold runs batches after the change's commit.
+    settings = GoldSettings(max_files_per_trigger=1)
+    _, summary = run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), settings, log=before_gold)
+    # Versions: 0 the table created, 1 the rules file, 2 rule 1 paused, 3 rule 4 (paused in the file) active.
+    gold_rows = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'").collect()
+    assert len(gold_rows) > 1 and {r.rules_version for r in gold_rows} == {2}
+    assert (summary.rules_version, summary.rules_current, summary.active_rules) == (2, 3, 2)
+    assert summary.alerts_per_rule and not {1, 4} & set(summary.alerts_per_rule)
+    assert "active rules     2 (config/rules version 2, as gold evaluated)" in summary.lines()
+    assert (
+        "  config/rules changed after gold read it: this run evaluated with version 2, version 3 is current "
+        "and applies from the next run"
+    ) in summary.lines()
+    assert spark.read.format("delta").load(lakehouse.rules).where("ruleState = 'ACTIVE'").count() == 3
+
+    _, next_run = run_all(spark, lakehouse, str(landing), settings=settings, log=lambda _: None)
+    assert (next_run.rules_version, next_run.rules_current, next_run.active_rules) == (3, 3, 3)
+    assert not next_run.rules_changed
+
+
+def test_the_rules_version_a_query_read_comes_from_its_newest_committed_batch(tmp_path):
+    checkpoint = tmp_path / "gold"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    assert delta_version_read(str(checkpoint), "rules-id") is None  # no batch yet
+
+    def batch(n: int, rules_offset: str, committed: bool = True) -> None:
+        silver = '{"sourceVersion":1,"reservoirId":"silver-id","reservoirVersion":9,"index":0,"isStartingVersion":false}'
+        (checkpoint / "offsets" / str(n)).write_text("\n".join(["v1", '{"batchWatermarkMs":0}', silver, rules_offset, "-"]))
+        if committed:
+            (checkpoint / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+    # As Delta writes them: index -1, nothing of that version read yet; 0 and up, its changes read through that file.
+    batch(0, '{"sourceVersion":1,"reservoirId":"rules-id","reservoirVersion":2,"index":-1,"isStartingVersion":false}')
+    assert delta_version_read(str(checkpoint), "rules-id") == 1
+    batch(1, '{"sourceVersion":1,"reservoirId":"rules-id","reservoirVersion":2,"index":0,"isStartingVersion":false}')
+    batch(2, '{"sourceVersion":1,"reservoirId":"rules-id","reservoirVersion":5,"index":3,"isStartingVersion":false}', committed=False)
+    assert delta_version_read(str(checkpoint), "rules-id") == 2  # batch 2 was planned, never run
+    assert delta_version_read(str(checkpoint), "another-table") is None
+
+
+def test_the_summary_names_the_rules_version_gold_evaluated_with_and_a_newer_one():
+    counts = dict(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0)
+    same = Summary(**counts, active_rules=2, rules_version=4, rules_current=4)
+    assert "active rules     2 (config/rules version 4, as gold evaluated)" in same.lines()
+    assert not same.rules_changed and not any("changed" in line for line in same.lines())
+    behind = Summary(**counts, active_rules=0, rules_version=4, rules_current=6)
+    lines = behind.lines()
+    assert behind.rules_changed and lines[0].startswith("WARNING: no ACTIVE rule")  # nothing was evaluated, whatever is current
+    at = lines.index("active rules     0 (config/rules version 4, as gold evaluated)")
+    assert lines[at + 1] == (
+        "  config/rules changed after gold read it: this run evaluated with version 4, version 6 is current and applies from the next run"
+    )
+    assert "active rules     2" in Summary(**counts, active_rules=2).lines()  # where gold's read is not known: as before

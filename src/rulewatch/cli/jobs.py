@@ -448,7 +448,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
         overrides.update({k: os.path.abspath(v) if v else v for k, v in given.items() if v is not None})
         overrides.update(dict(args.param))
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
-        with exclusive(Lakehouse(args.lakehouse)):
+        with exclusive(Lakehouse(args.lakehouse), f"rulewatch job run {job.key}"):
             results = run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobRunFailed as err:
         print(f"rulewatch: {err}", file=sys.stderr)

@@ -51,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         alerts_topic=kafka_arguments.alerts_topic(args),
         window_metrics=args.window_metrics,
     )
-    with exclusive(lakehouse):
+    with exclusive(lakehouse, "rulewatch run"):
         check_gold_layout(lakehouse.checkpoint("gold"), settings.layout)  # before bronze and silver run, not after
         spark = get_spark()
         print(f"rulewatch: lakehouse {lakehouse.root}")

@@ -30,9 +30,26 @@ def _no_table(lakehouse) -> int:
     return 1
 
 
+def running_notice(holder: str) -> str:
+    """One line for ``rules apply`` while ``holder`` (the lock file's text) holds the lakehouse: when that
+    process's evaluator takes the change. A live stream's rules source is read afresh each micro-batch; a
+    run's gold reads it once, when it starts."""
+    if "(rulewatch stream)" in holder or "(rulewatch demo)" in holder:
+        when = "its gold stream applies this change from its next micro-batch"
+    elif "(rulewatch run)" in holder:
+        when = (
+            "that run's evaluator takes this change only if its gold layer had not started yet, otherwise the next run's "
+            "(the run's summary names the config/rules version it evaluated with)"
+        )
+    else:  # a job run, or a release that did not name its command
+        when = "a live stream applies this change from its next micro-batch; a run whose gold layer has started, from the next run"
+    return f"rulewatch: lakehouse in use by {holder}: {when}"
+
+
 def cmd_rules_apply(args: argparse.Namespace) -> int:
     """Validate FILE, MERGE it into config/rules and print each rule's change."""
     from rulewatch.engine.rules import load_rules_file
+    from rulewatch.spark.lakehouse import lock_holder
     from rulewatch.spark.rules_table import apply_rules
 
     try:
@@ -51,6 +68,9 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     written = counts["added"] + counts["updated"] + counts["deleted"]
     summary = ", ".join(f"{counts[a]} {a}" for a in ("added", "updated", "deleted", "unchanged") if counts[a])
     print(f"rules: {summary or 'no rules in file'}; " + (f"written to {lakehouse.rules}" if written else "nothing written"))
+    # Apply takes no lock, so that rules can change under a running stream; a run may have read them already.
+    if written and (holder := lock_holder(lakehouse)):
+        print(running_notice(holder), file=sys.stderr)
     return 0
 
 

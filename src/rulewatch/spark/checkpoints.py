@@ -77,6 +77,23 @@ def last_planned_batch(checkpoint: str) -> int:
     return offsets[-1] if offsets else -1
 
 
+def delta_version_read(checkpoint: str, table_id: str) -> int | None:
+    """The newest version of the Delta table with id ``table_id`` that the query's newest committed batch
+    had read through, from that batch's offsets; None: no committed batch, or none reading that table."""
+    committed = _numbered(Path(checkpoint, "commits"))
+    if not committed:
+        return None
+    # After the version line and the batch's metadata: each source's end offset ("-": none yet). A Delta
+    # source's offset names its table by id, and a negative index (before the version's first change) means
+    # nothing of that version was read.
+    for line in Path(checkpoint, "offsets", str(committed[-1])).read_text(encoding="utf-8").splitlines()[2:]:
+        offset = json.loads(line) if line.startswith("{") else {}
+        if offset.get("reservoirId") == table_id:
+            version = offset["reservoirVersion"]
+            return version - 1 if offset["index"] < 0 else version
+    return None
+
+
 def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
     """Table -> the newest batch of ``layers`` that appended rows to it, per ``pipeline_metrics``."""
     log = Path(metrics_table, "_delta_log")

@@ -80,13 +80,26 @@ def _log_versions(log: Path) -> tuple[int, list[int]]:
     return checkpoint_version, later
 
 
-def actions(log: Path, kinds: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's.
+def _versions_through(log: Path, version: int) -> tuple[int, list[int]]:
+    """(the newest checkpoint at or before ``version`` or -1, the commits after it through ``version``):
+    what Delta reads for an older version. FileNotFoundError once log cleanup has removed one of them."""
+    checkpoints = {int(p.name.split(".")[0]) for p in log.glob("*.checkpoint*.parquet")}
+    base = max((v for v in checkpoints if v <= version), default=-1)
+    commits = list(range(base + 1, version + 1))
+    missing = [v for v in commits if not (log / f"{v:020d}.json").exists()]
+    if missing:
+        raise FileNotFoundError(f"version {version} of {log.parent} is no longer in its log: {log / f'{missing[0]:020d}.json'} is gone")
+    return base, commits
+
+
+def actions(log: Path, kinds: tuple[str, ...], version: int | None = None) -> Iterator[tuple[str, dict]]:
+    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's
+    (with ``version``: the table's actions up to that version instead).
 
     Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
     cleanup has removed the early commit files.
     """
-    checkpoint_version, later = _log_versions(log)
+    checkpoint_version, later = _log_versions(log) if version is None else _versions_through(log, version)
     for part in sorted(log.glob(f"{checkpoint_version:020d}.checkpoint*.parquet")):
         table = pq.read_table(part, columns=list(kinds))
         for kind in kinds:
@@ -153,10 +166,20 @@ def newest_committed_batch(table: str, sink: str) -> int:
     return max((txn["version"] for _, txn in actions(log, ("txn",)) if txn["appId"] == sink), default=-1)
 
 
-def live_files(table: str) -> list[dict[str, Any]] | None:
-    """The ``add`` actions of the path table's current version, read as plain files; None when its rows
-    cannot be read from them alone: no log here, partition columns, column mapping, deletion vectors,
-    or a file without its row count. ``path`` is made absolute."""
+def table_version(table: str) -> tuple[str, int] | None:
+    """(the path table's id, its newest version) from its log; None: no log here."""
+    log = Path(table, "_delta_log")
+    if not log.is_dir():
+        return None
+    checkpoint_version, later = _log_versions(log)
+    *_, (_, metadata) = actions(log, ("metaData",))
+    return metadata["id"], later[-1] if later else checkpoint_version
+
+
+def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] | None:
+    """The ``add`` actions of the path table's current version (or ``version``), read as plain files; None
+    when its rows cannot be read from them alone: no log here, partition columns, column mapping,
+    deletion vectors, or a file without its row count. ``path`` is made absolute."""
     log = Path(table, "_delta_log")
     if not log.is_dir():
         return None
@@ -167,7 +190,7 @@ def live_files(table: str) -> list[dict[str, Any]] | None:
         return action["path"], (dv.get("storageType"), dv.get("pathOrInlineDv"), dv.get("offset"))
 
     live: dict[tuple[str, Any], dict[str, Any]] = {}
-    for kind, action in actions(log, ("metaData", "add", "remove")):
+    for kind, action in actions(log, ("metaData", "add", "remove"), version):
         if kind == "metaData":
             configuration = dict(action.get("configuration") or {})  # a checkpoint's map column reads as pairs
             mapping = configuration.get("delta.columnMapping.mode", "none")

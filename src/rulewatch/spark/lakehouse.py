@@ -145,34 +145,65 @@ def _open_lock(lakehouse: Lakehouse) -> IO[str]:
         raise _unwritable(lakehouse, err) from err
 
 
+def _locked(handle: IO[str]) -> bool:
+    """Whether this process now holds the lock. Tried twice: ``rules apply`` looking for a holder
+    (:func:`lock_holder`) holds a shared lock for microseconds, and that must not refuse a run."""
+    for attempt in range(2):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if not attempt:
+                time.sleep(0.05)
+    return False
+
+
 @contextmanager
-def exclusive(lakehouse: Lakehouse) -> Iterator[None]:
+def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
     """Hold the lakehouse for one run: a second run fails fast instead of racing on the checkpoints.
 
-    A local lakehouse only (an OS file lock); on Databricks the job's ``max_concurrent_runs: 1``
-    plays this part.
+    The lock file names the holder's pid and ``command`` (``rulewatch run``, ...), for the refusal and
+    for ``rules apply`` (:func:`lock_holder`). A local lakehouse only (an OS file lock); on Databricks
+    the job's ``max_concurrent_runs: 1`` plays this part.
     """
     if "://" in lakehouse.root:
         yield
         return
     with _open_lock(lakehouse) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _locked(handle):
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             raise LakehouseBusy(
                 f"lakehouse {lakehouse.root} is in use by {holder}; wait for that run to finish or stop it "
                 "(two runs on one lakehouse would race on its checkpoints)"
-            ) from None
+            )
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        handle.write(f"pid {os.getpid()}{f' ({command})' if command else ''} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         handle.flush()
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lock_holder(lakehouse: Lakehouse) -> str | None:
+    """What the lock file says of the process holding the lakehouse (``pid N (rulewatch run) since ...``);
+    None when no process holds it. Asks by trying a shared lock, let go at once (a run starting meanwhile
+    tries again: ``_locked``)."""
+    if "://" in lakehouse.root:
+        return None
+    try:
+        handle = open(Path(lakehouse.root, "_lock"))
+    except OSError:  # no lock file: nothing has ever held this lakehouse
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "another process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
 
 
 def write_whole(path: Path, text: str) -> None:

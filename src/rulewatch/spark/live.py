@@ -777,7 +777,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         return _refuse(problems)
     if kafka:
         check_topic(kafka.topic)  # a dead cluster or a mistyped topic: said now, not after Spark has started
-    with exclusive(lakehouse):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
+    with exclusive(lakehouse, "rulewatch stream"):  # before the landing folder: by default it lies inside the lakehouse, whose problems the lock reports
         if not kafka:
             landing.mkdir(parents=True, exist_ok=True)
         spark = get_spark("rulewatch-stream")
@@ -818,7 +818,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     if problems := _check_rules_files(rules):
         return _refuse(problems)
-    with exclusive(lakehouse):
+    with exclusive(lakehouse, "rulewatch demo"):
         spark = get_spark("rulewatch-demo")
         _apply_rules(spark, lakehouse, rules, print)
         report = demo(spark, lakehouse, landing, labels, config, settings)

@@ -19,8 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.bronze import Source, check_source, ensure_bronze_table, start_bronze
-from rulewatch.spark.checkpoints import check_queries
-from rulewatch.spark.delta_log import live_files
+from rulewatch.spark.checkpoints import check_queries, delta_version_read
+from rulewatch.spark.delta_log import live_files, table_version
 from rulewatch.spark.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
@@ -141,7 +141,15 @@ class Summary:
     quarantine_examples: dict[str, str] = field(default_factory=dict)  # reason code -> one reason text
     landing: LandingReport | None = field(default_factory=LandingReport)  # None: a Kafka source (no files)
     source: str | None = None  # what was ingested, when not a landing folder
-    active_rules: int | None = None  # ACTIVE rows in config/rules after the run (None: not counted)
+    # ACTIVE rows in config/rules at rules_version, or after the run where that is not known (None: not counted)
+    active_rules: int | None = None
+    rules_version: int | None = None  # the config/rules version gold's newest batch evaluated with (None: not known here)
+    rules_current: int | None = None  # config/rules' newest version when summarised
+
+    @property
+    def rules_changed(self) -> bool:
+        """Whether config/rules has a newer version than gold evaluated with: committed after gold read it."""
+        return self.rules_version is not None and self.rules_current is not None and self.rules_current > self.rules_version
 
     @property
     def balanced(self) -> bool:
@@ -155,6 +163,15 @@ class Summary:
     def _landing_check(self) -> str:
         problems = self.landing.problems if self.landing else []
         return f"  every landed file read whole: {'ok' if not problems else f'NO ({len(problems)} file(s) above)'}"
+
+    def _evaluated(self) -> str:
+        return f" (config/rules version {self.rules_version}, as gold evaluated)" if self.rules_version is not None else ""
+
+    def _rules_change(self) -> str:
+        return (
+            f"  config/rules changed after gold read it: this run evaluated with version {self.rules_version}, "
+            f"version {self.rules_current} is current and applies from the next run"
+        )
 
     def lines(self) -> list[str]:
         check = "ok" if self.balanced else "MISMATCH"
@@ -172,7 +189,8 @@ class Summary:
             *([self._landing_check()] if self.landing else []),
             f"late events      {self.late}",
             f"alerts           {self.alerts}",
-            *([f"active rules     {self.active_rules}"] if self.active_rules is not None else []),
+            *([f"active rules     {self.active_rules}{self._evaluated()}"] if self.active_rules is not None else []),
+            *([self._rules_change()] if self.rules_changed else []),
         ]
         out += [f"  rule {rule_id}: {n} alert(s)" for rule_id, n in sorted(self.alerts_per_rule.items())]
         if self.quarantine_reasons:
@@ -226,8 +244,40 @@ def _count_files(files: dict[str, list[dict] | None]) -> dict[str, Any] | None:
                 examples[code] = texts[i]
     counted["quarantine_reasons"] = dict(lines)
     counted["quarantine_examples"] = {code: text for code, text in examples.items() if text}
-    counted["active_rules"] = sum(state == "ACTIVE" for (state,) in _column_values(files["rules"], ["ruleState"]))
+    counted["active_rules"] = _active(files["rules"])
     return counted
+
+
+def _active(rules_files: list[dict]) -> int:
+    return sum(state == "ACTIVE" for (state,) in _column_values(rules_files, ["ruleState"]))
+
+
+def _rules_read(lakehouse: Lakehouse) -> tuple[int, int] | None:
+    """(the config/rules version gold's newest batch evaluated with, the table's newest version), from gold's
+    checkpoint and the table's log; None where those are no files here (catalog tables, a remote lakehouse)
+    or gold has not run.
+
+    A batch applies its rule changes before its events, and a run's gold (availableNow) reads the rules as
+    they were when it started: a change committed later reaches the evaluator in the next run."""
+    if lakehouse.schema or "://" in lakehouse.root:
+        return None
+    try:
+        table = table_version(lakehouse.rules)
+        if table is None:
+            return None
+        read = delta_version_read(lakehouse.checkpoint("gold"), table[0])
+    except (OSError, ValueError, KeyError, TypeError):  # an unexpected log or checkpoint: say nothing rather than guess
+        return None
+    return None if read is None else (read, table[1])
+
+
+def _active_at(lakehouse: Lakehouse, version: int) -> int | None:
+    """ACTIVE rows of config/rules at ``version``, from its log and files (None: they no longer give it)."""
+    try:
+        files = live_files(lakehouse.rules, version)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None if files is None else _active(files)
 
 
 def _counted_by_spark(spark: SparkSession, lakehouse: Lakehouse) -> dict[str, Any]:
@@ -260,10 +310,18 @@ def summarize(
     spark: SparkSession, lakehouse: Lakehouse, landing: LandingReport | None = None, source: str | None = None, use_files: bool = True
 ) -> Summary:
     """What the lakehouse holds after a run. Read from the tables' files on the driver where it can be
-    (``_counted_from_files``), else by Spark jobs; ``use_files=False`` always asks Spark."""
-    counted = _counted_from_files(lakehouse) if use_files and foreach_batch_runs_here(spark) else None
+    (``_counted_from_files``), else by Spark jobs; ``use_files=False`` always asks Spark. Where gold's
+    checkpoint and the rules table's log are files here, the active rules are counted at the version
+    gold evaluated with, which a change committed after gold read the table leaves behind."""
+    here = foreach_batch_runs_here(spark)
+    counted = (_counted_from_files(lakehouse) if use_files and here else None) or _counted_by_spark(spark, lakehouse)
+    read = _rules_read(lakehouse) if here else None
+    if read is not None:
+        counted["rules_version"], counted["rules_current"] = read
+        if read[0] != read[1]:
+            counted["active_rules"] = _active_at(lakehouse, read[0])
     return Summary(
-        **(counted or _counted_by_spark(spark, lakehouse)),
+        **counted,
         landing=landing if landing or source else LandingReport(),
         source=source,
     )
