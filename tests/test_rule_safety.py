@@ -3,7 +3,8 @@
 SQL injection strings go into every rule field an analyst controls, both through
 ``rulewatch rules apply`` and through a plain SQL INSERT into ``config/rules`` (which the running
 evaluator validates into ``config/rule_errors``). A filter value that looks like SQL must match only
-events carrying exactly that text.
+events carrying exactly that text (up to the surrounding whitespace the identity rule trims from every
+key and filter value, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def hostile(spark, tmp_path_factory):
     landing = root / "landing"
     landing.mkdir()
     events = [("e1", "u-1", INJECTION), ("e2", "u-1", INJECTION), ("e3", "u-2", "login"), ("e4", "u-3", "x"),
-              ("e5", "u-4", INJECTION + " "), ("e6", "u-5", "X' OR '1'='1"), ("e7", "u-6", "x' OR '1'='1' --")]  # fmt: skip
+              ("e5", "u-4", INJECTION + " "), ("e6", "u-5", "X' OR '1'='1"), ("e7", "u-6", "x' OR '1'='1' --"),
+              ("e8", "u-7", INJECTION.replace(" ", "  ", 1))]  # fmt: skip
     lines = [json.dumps({"transactionId": t, "eventTime": T0 + i * 1000, "userId": u, "ip": f"203.0.113.{i}", "action": a})
              for i, (t, u, a) in enumerate(events)]  # fmt: skip
     (landing / "events.jsonl").write_text("\n".join(lines) + "\n")
@@ -81,7 +83,8 @@ def hostile(spark, tmp_path_factory):
 def test_a_filter_value_that_looks_like_sql_matches_only_that_exact_text(spark, hostile):
     _, lakehouse = hostile
     alerts = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 10")
-    assert sorted(r.transaction_id for r in alerts.collect()) == ["e1", "e2"]
+    # e5 differs only by a trailing space, which the identity rule trims; e6-e8 differ inside the text.
+    assert sorted(r.transaction_id for r in alerts.collect()) == ["e1", "e2", "e5"]
 
 
 def test_hostile_descriptions_are_stored_as_text_and_the_tables_are_intact(spark, hostile):
@@ -89,7 +92,7 @@ def test_hostile_descriptions_are_stored_as_text_and_the_tables_are_intact(spark
     rules = {r.ruleId: r for r in spark.read.format("delta").load(lakehouse.rules).collect()}
     assert rules[10].description == DROP.format(table=lakehouse.silver_transactions)
     assert rules[10].filter == {"action": INJECTION}
-    assert spark.read.format("delta").load(lakehouse.silver_transactions).count() == 7  # not dropped
+    assert spark.read.format("delta").load(lakehouse.silver_transactions).count() == 8  # not dropped
     assert spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 11").count() == 1  # e3, the one login
 
 

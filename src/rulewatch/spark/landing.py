@@ -21,10 +21,13 @@ deep, a link to a host file copies it into bronze): lines read through one are d
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
 import os
 import stat
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,10 +215,6 @@ def _codec(path: str) -> str | None:
 
 def _readable_whole(path: str, codec: str) -> bool | None:
     """Whether the file decompresses to its end (None: no reader for ``codec`` here)."""
-    import bz2
-    import gzip
-    import zlib
-
     opener = {"gzip": gzip.open, "bzip2": bz2.open}.get(codec)
     try:
         if opener is not None:

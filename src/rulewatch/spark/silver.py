@@ -447,7 +447,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     """
     spark = lines.sparkSession
     horizon_ms = dedup_horizon_ms()
-    rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
+    parsed = rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
     repeats = None
     try:
         valid_time = F.when(F.col("_valid"), F.col("event_time"))
@@ -456,8 +456,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
             F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1)), F.count(F.when(needs_nfc, 1))
         ).first()
         if non_ascii:
-            parsed, rows = rows, _composed(rows, needs_nfc).persist()
-            parsed.unpersist()
+            rows = _composed(parsed, needs_nfc).persist()  # built from the cached parse, kept until the end
         valid = rows.where("_valid")
         ids = valid.select("transaction_id")
         earlier = _earlier_times(spark, lakehouse, batch_id, ids, (low, high), horizon_ms) if low is not None else None
@@ -492,6 +491,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         if repeats is not None:
             repeats.unpersist()
         rows.unpersist()
+        parsed.unpersist()
     accepted, quarantined, duplicates = (counts[k] for k in ("accepted", "quarantined", "duplicates"))
     return {
         "rows_in": accepted + quarantined + duplicates,
