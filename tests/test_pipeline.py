@@ -9,6 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
@@ -18,6 +19,7 @@ from rulewatch.engine.rules import parse_rule
 from rulewatch.spark import schema
 from rulewatch.spark.checkpoints import delta_version_read
 from rulewatch.spark.delta_log import actions, live_files
+from rulewatch.spark.gold import GoldSettings
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.pipeline import Summary, _counted_from_files, run_all, summarize
 from rulewatch.spark.rules_table import apply_rules
@@ -310,3 +312,51 @@ def test_the_summary_names_the_rules_version_gold_evaluated_with_and_a_newer_one
         "  config/rules changed after gold read it: this run evaluated with version 4, version 6 is current and applies from the next run"
     )
     assert "active rules     2" in Summary(**counts, active_rules=2).lines()  # where gold's read is not known: as before
+
+
+
+@pytest.fixture(scope="module")
+def undisturbed(spark, tmp_path_factory) -> tuple[Path, Lakehouse]:
+    """The fixtures run with one silver file per gold batch, no rule changed while it runs."""
+    root = tmp_path_factory.mktemp("undisturbed")
+    landing = root / "landing"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    lakehouse = Lakehouse(str(root / "lakehouse"))
+    run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), GoldSettings(max_files_per_trigger=1), log=lambda _: None)
+    return landing, lakehouse
+
+
+def _alert_keys(spark, lakehouse: Lakehouse) -> list[tuple]:
+    return sorted((r.rule_id, r.group_key, r.transaction_id) for r in spark.read.format("delta").load(lakehouse.alerts).collect())
+
+
+@pytest.mark.parametrize("change", [{"ruleState": "DELETE"}, {"groupingKeyNames": ["ip"]}], ids=["deleted", "regrouped"])
+def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evaluates_it(spark, tmp_path, monkeypatch, undisturbed, change):
+    """A run's gold evaluates the rules as they were when it started, in every batch; events must be routed to
+    the keys those rules read, not to the table's newest version's: rule 3 (the only rule keyed by userId),
+    deleted or regrouped while gold runs, fires exactly as if nothing changed, and the change applies next run."""
+    from rulewatch.spark import gold
+
+    landing, reference = undisturbed
+    later = spark.read.format("delta").load(reference.alerts).where("gold_batch_id > 0 AND rule_id = 3")
+    assert later.count() > 0  # rule 3 fires on events of gold's later batches
+    rule = next(r for r in json.loads((FIXTURES / "rules.json").read_text()) if r["ruleId"] == 3)
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    write_batch = gold.write_batch
+
+    def write_then_change(out, batch_id: int, **kwargs) -> None:
+        write_batch(out, batch_id, **kwargs)
+        if batch_id == 0:
+            apply_rules(spark, lakehouse, [parse_rule({**rule, **change})])
+
+    monkeypatch.setattr(gold, "write_batch", write_then_change)
+    run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), GoldSettings(max_files_per_trigger=1), log=lambda _: None)
+    assert _alert_keys(spark, lakehouse) == _alert_keys(spark, reference)
+
+    def held() -> set[str]:
+        return {r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect()}
+
+    assert held() == {"payeeId,beneficiaryId", "payeeId", "userId"}  # the evaluator never saw the change
+    monkeypatch.undo()
+    run_all(spark, lakehouse, str(landing), log=lambda _: None)  # the change reaches the evaluator: userId is routed no more
+    assert held() == {"payeeId,beneficiaryId", "payeeId", *change.get("groupingKeyNames", [])}

@@ -329,6 +329,9 @@ class ShardEvaluator:
             "state_rows": state_rows, "state_bytes": state_bytes,
             "active_rules": sum(len(rules) for rules in book.active_by_keyset().values()),
             "rule_version": max((version for _, version in book.rules.values()), default=None),
+            # The keysets this shard's rules read (gold/rule_keysets): events keep being routed to them
+            # until a change that drops one has reached the evaluator, not only the rules table.
+            "key_values": sorted({rule.keyset for rule, _ in book.rules.values() if rule.keyset}),
         }  # fmt: skip
 
     def handle_timer(self, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:

@@ -48,7 +48,11 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
-    fanned = fan_out(watermarked, keysets(tables.read(spark, lakehouse.rules)), settings.shard_labels)
+    # Both are read again for every micro-batch: the rules table's keysets, and those the evaluator still
+    # holds rules for (a change to the table reaches the evaluator only through its change feed, later).
+    held = tables.read(spark, lakehouse.rule_keysets).select("groupingKeyNames")
+    routed = keysets(tables.read(spark, lakehouse.rules)).unionByName(held).distinct()
+    fanned = fan_out(watermarked, routed, settings.shard_labels)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(
         "shard",
@@ -110,10 +114,12 @@ def write_batch(
     alerts_topic: KafkaTopic | None = None,
     on_alerts: AlertsCommitted | None = None,
     window_metrics: str = "near",
+    held_keysets: HeldKeysets | None = None,
 ) -> None:
     """Split one evaluator batch into the gold tables; every append is idempotent per batch id.
 
-    ``window_metrics`` (GoldSettings'): which keys' window metrics are written (``kept_metric``)."""
+    ``window_metrics`` (GoldSettings'): which keys' window metrics are written (``kept_metric``);
+    ``held_keysets``: where the keysets the evaluator holds rules for are kept for routing."""
     started = time.time()
     out = out.persist()
     try:
@@ -187,6 +193,9 @@ def write_batch(
         if alerts_topic and counts["alerts"]:
             writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
         together(writes)
+        held = counts.pop("keysets")
+        if held_keysets is not None and held is not None:
+            held_keysets.record(out.sparkSession, held, batch_id)
         committed = time.time()
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         row = metrics_row(
@@ -203,6 +212,27 @@ def write_batch(
         recorder.record_rows(out.sparkSession, batch_id, [row])
     finally:
         out.unpersist()
+
+
+class HeldKeysets:
+    """``gold/rule_keysets``: the keysets the evaluator held rules for after its newest batch that said.
+
+    Rewritten (one small overwrite, so a replayed batch writes the same) only when they change, which
+    is when a rule change that adds or drops a keyset reaches the evaluator."""
+
+    def __init__(self, lakehouse: Lakehouse) -> None:
+        self.lakehouse = lakehouse
+        self.known: list[str] | None = None  # read once per query, on its first batch that reports them
+
+    def record(self, spark: SparkSession, held: list[str], batch_id: int) -> None:
+        table = self.lakehouse.rule_keysets
+        if self.known is None:
+            self.known = sorted(r.keyset for r in tables.read(spark, table).select("keyset").collect())
+        if held == self.known:
+            return
+        rows = [(keyset, keyset.split(","), batch_id) for keyset in held]
+        tables.save(spark.createDataFrame(rows, schema.RULE_KEYSETS).write.format("delta").mode("overwrite"), table)
+        self.known = list(held)
 
 
 def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse: Lakehouse, batch_id: int, topic: KafkaTopic) -> None:
@@ -255,12 +285,13 @@ def _counts(out: DataFrame, kept: F.Column, details: bool = False) -> tuple[dict
             _total("state_bytes").alias("state_bytes_written"),
             F.max("active_rules").alias("active_rules"),
             F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
+            F.max(F.when(kind == "stats", F.col("key_values"))).alias("keysets"),
         )
         .collect()
     )
     counts: dict[str, Any] = {name: sum(g[name] for g in groups) for name in _SUMS}
     counts["fired"] = [alert for g in groups for alert in g.fired]
-    for name in ("active_rules", "rules_version"):
+    for name in ("active_rules", "rules_version", "keysets"):
         counts[name] = max((g[name] for g in groups if g[name] is not None), default=None)
     summaries = [(g.rule_id, g.rule_version, g.keys_evaluated, g.keys_sketch) for g in groups if g.keys_evaluated]
     return counts, summaries
@@ -298,6 +329,8 @@ def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
         ),
         partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
         partial(tables.ensure_table, spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed"),
+        partial(tables.ensure_table, spark, lakehouse.rule_keysets, schema.RULE_KEYSETS,
+                "Grouping-field sets gold's evaluator holds rules for; events are routed to them until a rule change reaches it"),
         partial(ensure_metrics_table, spark, lakehouse),
     ])  # fmt: skip
 
@@ -330,7 +363,7 @@ def start_gold(
     holder: dict = {}
     totals = _state_totals_of(holder)
     write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,
-                    on_alerts=on_alerts, window_metrics=settings.window_metrics)  # fmt: skip
+                    on_alerts=on_alerts, window_metrics=settings.window_metrics, held_keysets=HeldKeysets(lakehouse))  # fmt: skip
     writer = (
         evaluated(spark, lakehouse, settings)
         .writeStream.queryName("rulewatch_gold")

@@ -73,6 +73,10 @@ class Lakehouse:
         return self.table("config", "rule_errors")
 
     @property
+    def rule_keysets(self) -> str:
+        return self.table("gold", "rule_keysets")
+
+    @property
     def rule_history(self) -> str:
         return self.table("gold", "rule_history")
 

@@ -111,6 +111,16 @@ RULE_COMMANDS = StructType([
     StructField("requested_by", StringType()),
 ])  # fmt: skip
 
+# gold/rule_keysets: the grouping-field sets gold's evaluator held rules for after its newest batch that
+# said (every shard holds the same rules). Gold routes each event to these as well as to the rules
+# table's own: a rule deleted or regrouped in config/rules is still evaluated until its change reaches
+# the evaluator (a run's later batches, a live batch planned before the commit), and needs its events.
+RULE_KEYSETS = StructType([
+    StructField("keyset", StringType(), False, metadata={"comment": "Grouping fields, joined with ,"}),
+    StructField("groupingKeyNames", ArrayType(StringType()), False, metadata={"comment": "The grouping fields, in order"}),
+    StructField("gold_batch_id", LongType(), metadata={"comment": "Gold micro-batch whose evaluator held them"}),
+])  # fmt: skip
+
 ALERTS = StructType([
     StructField("alert_id", StringType(), False, metadata={"comment": "Deterministic id: hash of rule, key and transaction, so a replay writes the same id"}),
     StructField("rule_id", IntegerType(), False, metadata={"comment": "Rule that fired (config/rules.ruleId)"}),
