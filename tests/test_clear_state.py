@@ -82,6 +82,17 @@ def test_the_command_refuses_a_future_time_before_spark_starts(tmp_path, capsys,
     assert err.count("\n") == 1 and "Omit --before" in err and not (tmp_path / "lh").exists()
 
 
+def test_a_tolerance_that_is_no_duration_stops_the_command_naming_the_variable(tmp_path, capsys, monkeypatch):
+    import rulewatch.spark.session
+
+    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setenv("RULEWATCH_FUTURE_TOLERANCE", "five minutes")
+    code = main(["rules", "clear-state", "--lakehouse", str(tmp_path / "lh"), "--rule", "1", "--before", "2999-01-01T00:00:00"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("rulewatch: RULEWATCH_FUTURE_TOLERANCE='five minutes' is not a duration (")
+    assert err.count("\n") == 1 and "unset it for the default 5m" in err and not (tmp_path / "lh").exists()
+
+
 def test_clear_state_refuses_on_spark_what_would_switch_a_rule_off(spark, tmp_path, capsys):
     from rulewatch.engine.rules import parse_rule
     from rulewatch.spark import schema, tables

@@ -284,6 +284,7 @@ USER_ERRORS = {
     "rulewatch.spark.landing": ("LandingError",),
     "rulewatch.spark.delta_log": ("CheckpointError",),
     "rulewatch.spark.session": ("ConnectPortBusy",),
+    "rulewatch.spark.settings": ("SettingError",),
     "rulewatch.kafka.client": ("KafkaConfigError",),
     "rulewatch.kafka.health": ("KafkaUnreachable",),
 }

@@ -39,9 +39,23 @@ def connect_server_elsewhere(remote: str | None) -> bool:
     return bool(remote) and not connect_server_here(remote)
 
 
+class SettingError(ValueError):
+    """An environment setting that is not a value it can take: names the variable, its value and the fix."""
+
+
+def env_duration(env: str, default: str) -> str:
+    """The duration ``env`` sets (``default`` when unset), checked: a typo stops the command with its name."""
+    text = os.environ.get(env, default)
+    try:
+        parse_duration(text)
+    except ValueError as err:
+        raise SettingError(f"{env}={text!r} is not a duration ({err}); unset it for the default {default}") from None
+    return text
+
+
 def future_tolerance() -> str:
     """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
-    return os.environ.get(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
+    return env_duration(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
 
 
 # Share of its limit a key's batch peak must reach to count as "near the limit" (GREATER and

@@ -24,7 +24,7 @@ from rulewatch.spark import schema, tables
 from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.metrics import Recorder, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
-from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, future_tolerance
+from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV, env_duration, future_tolerance
 from rulewatch.spark.sinks import append_once, batch_column, per_run, sink_name, together
 
 MAX_AMOUNT = 10**12
@@ -378,7 +378,7 @@ def content_hash() -> Column:
 
 def dedup_horizon_ms() -> int:
     """How far apart two event times of one transaction id may be and still count as a duplicate."""
-    return parse_duration(os.environ.get(DEDUP_HORIZON_ENV, DEFAULT_DEDUP_HORIZON))
+    return parse_duration(env_duration(DEDUP_HORIZON_ENV, DEFAULT_DEDUP_HORIZON))
 
 
 def _earlier_times(
