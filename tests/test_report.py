@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import datetime, timedelta
@@ -10,6 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from rulewatch.cli.main import main
+from rulewatch.spark.lakehouse import Lakehouse
 from rulewatch.spark.report import _ticks, build_report, horizontal_bars, hourly_buckets, lines, stacked_bars, time_lines
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -31,8 +33,9 @@ def report(spark, fixture_run) -> str:
 @pytest.mark.jvm
 def test_report_answers_the_dashboard_questions_from_the_fixture_run(report, expected_alerts):
     for title in ("Alerts over time per rule", "Top alerting keys", "Ingest → alert latency (ms)", "Quarantine reasons",
-                  "Rule effectiveness", "Rule change history", "Latest alerts"):  # fmt: skip
+                  "Reused transaction ids", "Rule effectiveness", "Rule change history", "Latest alerts"):  # fmt: skip
         assert f"<h2>{title}</h2>" in report
+    assert "No transaction id was reused with other content." in report  # the fixtures' two repeats are redeliveries
     assert re.search(r'<div class="value">10</div><div class="label">Alerts</div>', report)
     charts = {svg.get("aria-label"): svg for svg in _svgs(report)}
     # One stacked segment per (hour, rule) with alerts, heights proportional to the counts.
@@ -162,3 +165,18 @@ def test_cli_writes_the_report(spark, fixture_run, tmp_path, capsys):
         f"rulewatch report: starting Spark ...\nrulewatch report: reading the gold, silver and rules tables of {fixture_run.lakehouse.root} ...\n"
     )
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.jvm
+def test_a_reused_transaction_id_is_listed_with_its_file(spark, fixture_run, tmp_path):
+    root = tmp_path / "lakehouse"
+    shutil.copytree(fixture_run.lakehouse.root, root)  # the shared run stays as it is
+    lakehouse = Lakehouse(str(root))
+    spark.sql(
+        f"INSERT INTO delta.`{lakehouse.silver_duplicates}` VALUES "
+        "('pay-a1', '{\"transactionId\": \"pay-a1\", \"paymentAmount\": 1}', 'file:/landing/reused.jsonl', "
+        "TIMESTAMP'2026-11-02 09:00:00', 7, true), ('pay-a2', '{}', 'file:/landing/again.jsonl', TIMESTAMP'2026-11-02 09:00:00', 7, false)"
+    )
+    section = build_report(spark, lakehouse).split("<h2>Reused transaction ids</h2>")[1].split("</section>")[0]
+    assert section.startswith('<p class="caption">1 line(s) reused a transaction id')  # the redelivery is not counted
+    assert re.findall(r"<td>(.*?)</td>", section) == ["pay-a1", "2026-11-02 09:00:00", "file:/landing/reused.jsonl", "7"]

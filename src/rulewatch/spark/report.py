@@ -323,6 +323,18 @@ def _quarantine(spark: SparkSession) -> Section:
     return Section("Quarantine reasons", "Lines that failed validation, by reason code with one example; a line failing several checks counts under each.", body)
 
 
+def _id_conflicts(spark: SparkSession) -> Section:
+    total = _query(spark, "SELECT count(*) AS lines FROM id_conflicts")[0].lines
+    rows = _query(spark, "SELECT * FROM id_conflicts ORDER BY ingest_time DESC, transaction_id LIMIT 50")
+    columns = {"transaction_id": "Transaction", "ingest_time": "Ingested", "source_file": "File", "silver_batch_id": "Silver batch"}
+    caption = (
+        f"{total:,} line(s) reused a transaction id silver had accepted with other content: the first line counts, "
+        "this one is kept in silver/duplicates and never evaluated. A producer reusing ids, or someone hiding a "
+        "payment behind a known id. The 50 newest."
+    )
+    return Section("Reused transaction ids", caption, table(rows, columns, "No transaction id was reused with other content."))
+
+
 def _effectiveness(spark: SparkSession) -> Section:
     rows = _query(spark, "SELECT * FROM rule_effectiveness ORDER BY rule_id")
     columns = {"rule_id": "Rule", "rule_state": "State", "rule_description": "Description", "alerts": "Alerts",
@@ -418,7 +430,7 @@ td{border-bottom:1px solid #f3f4f6;padding:5px 8px;vertical-align:top} tr:hover 
 def build_report(spark: SparkSession, lakehouse: Lakehouse, mask: bool = False) -> str:
     """The report as one HTML document; ``mask`` pseudonymises account identifiers as the dashboard does for non-members."""
     register_views(spark, lakehouse, viewer_in_pii_group=not mask)
-    sections = [_alerts_over_time(spark), _top_keys(spark), _latency(spark), _quarantine(spark),
+    sections = [_alerts_over_time(spark), _top_keys(spark), _latency(spark), _quarantine(spark), _id_conflicts(spark),
                 _effectiveness(spark), _rule_changes(spark), _latest_alerts(spark)]  # fmt: skip
     rendered = "".join(
         f"<section><h2>{escape(s.title)}</h2><p class=\"caption\">{escape(s.caption)}</p>{s.body}</section>" for s in sections
