@@ -125,7 +125,7 @@ def test_a_malformed_bootstrap_is_refused_naming_it(bootstrap):
 def test_generate_produces_labelled_traffic_to_a_topic(tmp_path, kafka_broker, capsys):
     import json
 
-    from rulewatch.spark.generate import read_labels
+    from rulewatch.spark.live.generate import read_labels
 
     topic = KafkaTopic(kafka_broker, "generated")
     ensure_topic(topic)

@@ -11,12 +11,14 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from rulewatch.spark.checkpoints import CheckpointError, check_queries
-from rulewatch.spark.generate import GeneratorConfig, Label
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.gold import ensure_gold_tables
-from rulewatch.spark.live import DEMO_RULES, Alert, AlertFeed, LayerProgress, LiveSettings, Monitor, _alert_line, demo, score
-from rulewatch.spark.rules_table import apply_rules_file
+from rulewatch.spark.storage.checkpoints import CheckpointError, check_queries
+from rulewatch.spark.live.generate import GeneratorConfig, Label
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.gold import ensure_gold_tables
+from rulewatch.spark.live.demo import DEMO_RULES, demo, score
+from rulewatch.spark.live.monitor import Alert, AlertFeed, LayerProgress, Monitor, _alert_line
+from rulewatch.spark.live.streams import LiveSettings
+from rulewatch.spark.control.rules_table import apply_rules_file
 
 
 def alert(rule_id: int, key: str, decided: int = 5_000) -> Alert:
@@ -162,7 +164,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
 def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, tmp_path, kafka_broker):
     from conftest import consume_all
 
-    from rulewatch.spark.gold import GoldSettings
+    from rulewatch.spark.layers.gold import GoldSettings
     from rulewatch.kafka.client import KafkaTopic
     from rulewatch.kafka.source import KafkaSource
 

@@ -14,9 +14,9 @@ import re
 import sys
 from typing import Any, Callable
 
-from rulewatch.spark.generate import GeneratorConfig
+from rulewatch.spark.live.generate import GeneratorConfig
 from rulewatch.engine.rules import MAX_RULE_ID
-from rulewatch.spark.settings import GoldSettings
+from rulewatch.spark.evaluator.settings import GoldSettings
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -122,7 +122,7 @@ def layout_options(parser: argparse.ArgumentParser, state_slots_help: str) -> No
 def gold_layout(args: argparse.Namespace, checkpoint: str) -> dict[str, int]:
     """The shards and state layout ``args`` ask for, unset ones filled from gold's checkpoint; names the
     filled ones that differ from the defaults. Imports pyarrow: call it once a command runs."""
-    from rulewatch.spark.checkpoints import as_flags, gold_layout as resolved
+    from rulewatch.spark.storage.checkpoints import as_flags, gold_layout as resolved
 
     layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, GoldSettings().layout)
     if recorded:
