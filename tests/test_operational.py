@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import FIXTURES, ROOT, why_it_failed
-from rulewatch.cli import jobs
+from rulewatch.cli import jobs, kafka_cli
 from rulewatch.cli.main import build_parser, main
 from rulewatch.spark.storage.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
 from rulewatch.spark.evaluator.settings import GoldSettings
@@ -199,6 +199,36 @@ def test_bad_values_end_in_one_line_from_the_parser(tmp_path, capsys, monkeypatc
     prog = "rulewatch " + " ".join(argv[:2] if argv[0] in ("rules", "kafka") else argv[:1])
     assert err == f"{prog}: error: argument {flag}: {message} (see {prog} --help)\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "--lakehose", "L", "--landing", "in"], "unknown flag --lakehose (did you mean --lakehouse?)"),
+        (["rules", "apply", "f.json", "--lakehouse", "L", "--updated-bye", "me"], "unknown flag --updated-bye (did you mean --updated-by?)"),
+        (["stream", "--lakehouse", "L", "--no-such-thing=1"], "unknown flag --no-such-thing"),
+    ],
+    ids=["hides a required flag", "a subcommand's flag", "no close flag"],
+)
+def test_a_mistyped_flag_is_named_before_anything_else(capsys, argv, said):
+    code, err = cli(argv, capsys)
+    prog = "rulewatch " + " ".join(argv[:2] if argv[0] == "rules" else argv[:1])
+    assert (code, err) == (2, f"{prog}: error: {said} (see {prog} --help)\n")
+
+
+def test_flags_still_work_abbreviated_and_after_a_double_dash():
+    assert build_parser().parse_args(["run", "--lake", "L", "--landing", "in"]).lakehouse == "L"
+    assert build_parser().parse_args(["rules", "apply", "--lakehouse", "L", "--", "--odd-name.json"]).file == "--odd-name.json"
+
+
+def test_generate_offers_the_kafka_flags_of_a_sender(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--kafka-topic KAFKA_TOPIC send the transactions to this topic" in shown
+    assert "--kafka-starting-offsets" not in shown and "--kafka-max-offsets" not in shown and "read transactions" not in shown
+    args = build_parser().parse_args(["generate", "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t"])
+    assert kafka_cli.source(args).topic.topic == "t"
 
 
 def test_transactions_is_still_accepted_as_the_landing_folder(capsys):

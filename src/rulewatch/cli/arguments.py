@@ -9,6 +9,7 @@ imports Spark, Delta, pyarrow or the Databricks SDK: the parser is built for eve
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
@@ -68,10 +69,30 @@ def progress(command: str, step: str) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (the usage is one ``--help`` away)."""
+    """An ArgumentParser whose errors are one line (the usage is one ``--help`` away), and that names a
+    mistyped flag first: argparse would otherwise report the required flag it hides (``--lakehose x``
+    reads as "--lakehouse is required")."""
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        argv = sys.argv[1:] if args is None else list(args)
+        if not self._subparsers:  # a command's own parser: every flag it is given is one of its own
+            for token in argv:
+                if token == "--":
+                    break
+                flag = token.split("=", 1)[0]
+                if flag.startswith("--") and not self._flag_known(flag):
+                    close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+                    self.error(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+        return super().parse_known_args(args, namespace)
+
+    def _flag_known(self, flag: str) -> bool:
+        # argparse also takes an unambiguous prefix of a flag (--lake for --lakehouse).
+        return flag in self._option_string_actions or (
+            self.allow_abbrev and len([f for f in self._option_string_actions if f.startswith(flag)]) == 1
+        )
 
 
 def _gold_setting(name: str, value: Any) -> None:

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from rulewatch.kafka.source import KafkaSource
 
 
-def add_options(parser: argparse.ArgumentParser, source: bool = True, alerts: bool = True) -> None:
+def add_options(parser: argparse.ArgumentParser, source: bool = True, alerts: bool = True, sends: bool = False) -> None:
+    """The Kafka flags of a command that reads transactions from a topic, or with ``sends`` writes them to one."""
     group = parser.add_argument_group("Kafka (instead of, or beside, files)")
     group.add_argument("--kafka-bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers (`rulewatch kafka start` prints a local one)")
-    if source:
+    if sends:
+        group.add_argument("--kafka-topic", help="send the transactions to this topic instead of a landing folder")
+    elif source:
         group.add_argument("--kafka-topic", help="read transactions from this topic instead of a landing folder")
         group.add_argument("--kafka-starting-offsets", default="earliest", help="where a new checkpoint starts reading: earliest (default) or latest")
         group.add_argument("--kafka-max-offsets", type=arguments.count("max offsets", 10_000), metavar="N", help="at most N records per micro-batch (default: all available)")
@@ -29,9 +32,11 @@ def add_options(parser: argparse.ArgumentParser, source: bool = True, alerts: bo
 
 
 def source(args: argparse.Namespace) -> KafkaSource | None:
+    """The topic ``--kafka-topic`` names (a command that only sends has no reading flags: their defaults)."""
     return source_of(
-        args.kafka_bootstrap, args.kafka_topic, args.kafka_secret_scope, args.kafka_starting_offsets, args.kafka_max_offsets, "--kafka-topic"
-    )
+        args.kafka_bootstrap, args.kafka_topic, args.kafka_secret_scope,
+        getattr(args, "kafka_starting_offsets", "earliest"), getattr(args, "kafka_max_offsets", None), "--kafka-topic",
+    )  # fmt: skip
 
 
 def alerts_topic(args: argparse.Namespace) -> KafkaTopic | None:

@@ -207,7 +207,7 @@ def _add_live_cli(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--duration", type=arguments.generator("duration", 60), default=60, help="seconds of traffic (default 60)")
     gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
     _generator_options(gen, 1000)
-    kafka_cli.add_options(gen, alerts=False)
+    kafka_cli.add_options(gen, alerts=False, sends=True)
     gen.set_defaults(func=arguments.command("rulewatch.cli.live_cli:cmd_generate"))
 
     live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
