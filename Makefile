@@ -23,6 +23,12 @@ $(STAMP): pyproject.toml requirements.lock
 
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
+	@echo
+	@echo "Next:"
+	@echo "  $(BIN)/rulewatch report --lakehouse lakehouse      # an HTML report of these alerts (report.html)"
+	@echo "  $(BIN)/rulewatch demo --lakehouse lakehouse-live   # live mode: generated traffic, alerts as they fire"
+	@echo "  notebooks/00_setup.ipynb ... 05_live.ipynb         # the same steps one layer at a time"
+	@echo "  README.md: rules, Kafka, deploying the bundle (databricks bundle deploy)"
 
 test: setup setup-spark40 browser
 	$(BIN)/pytest -q

@@ -345,8 +345,10 @@ def run_all(
         landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
         run_silver(spark, lakehouse, log, recorders["silver"])
         run_gold(spark, lakehouse, settings, log, recorders["gold"])
+        wrapping_up = time.monotonic()
     check_queries(lakehouse, "rule_history", spark=spark)
     run_rule_history(spark, lakehouse)
+    log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
     described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
     return changes, summarize(spark, lakehouse, landed, described)
 
