@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
 # The commands and notebooks the tests start (they inherit the environment) compile with C1 only: a
-# short-lived JVM otherwise spends most of its CPU in the JIT (docs/benchmarks.md, "The test suite's
+# short-lived JVM otherwise spends most of its CPU in the JIT (docs/journal/benchmarks.md, "The test suite's
 # JVMs"). This process's own session lives through the suite and keeps the full JIT (see spark()).
 # C1 alone gets HotSpot's small code cache (48 MB instead of 240 MB), which a live stream restarting
 # its queries filled in CI ("Out of space in CodeCache for method handle intrinsic" killed the JVM),

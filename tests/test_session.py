@@ -41,7 +41,7 @@ def _logging_command(folder, name: str, log) -> None:
 def test_commits_and_checkpoints_rename_without_a_readlink_process(tmp_path):
     # Hadoop's local file system runs `readlink` for every rename through its FileContext API (the
     # default for Spark's checkpoints and Delta's log on file paths), and `chmod` for every file it
-    # creates: a process each, ~3-5 ms on this machine (docs/benchmarks.md). The session's settings
+    # creates: a process each, ~3-5 ms on this machine (docs/journal/benchmarks.md). The session's settings
     # take the renames through the FileSystem API, which runs none; chmod is unavoidable without
     # Hadoop's native library, and its log shows the wrappers were on the path.
     folder = tmp_path / "bin"

@@ -385,7 +385,7 @@ def test_the_environment_switch_forces_the_public_path(monkeypatch):
 
 def test_unpickling_the_processor_imports_neither_pandas_nor_numpy():
     # Spark unpickles it on the driver at every query start only to call init; the evaluator's
-    # imports would cost that start ~0.5 s (docs/benchmarks.md).
+    # imports would cost that start ~0.5 s (docs/journal/benchmarks.md).
     from rulewatch.spark.evaluator.processor import RuleProcessor
 
     pickled = pickle.dumps(RuleProcessor(60_000, 0, 1000))

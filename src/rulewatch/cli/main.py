@@ -164,7 +164,7 @@ STATE_SLOTS_HELP = (
     "evaluator state layout, fixed per checkpoint (default: what gold's checkpoint began with; 0 for a new one): "
     "0 a batch's keys in one entry when it touches or "
     "reads many (or finds its shard empty), else one entry per key; N hashes the keys of a shard into N entries "
-    "(docs/benchmarks.md)"
+    "(docs/journal/benchmarks.md)"
 )
 
 
@@ -189,7 +189,7 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
         help="seconds between the commits that append live batches' pipeline_metrics rows (default 30; 0: every batch "
-        "commits its own row, so dashboards are current to the batch, and batches take longer: docs/benchmarks.md)",
+        "commits its own row, so dashboards are current to the batch, and batches take longer: docs/journal/benchmarks.md)",
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ it; ``history_store`` builds the one a record names:
   many of the keys its shard stores, or finds its shard empty, writes the ones it keeps as one
   entry (a generation); other calls write one entry per key. A one-entry-per-key batch pays one
   state call per written key (~25-35 µs each, pipelined), which is most of a big batch's state time
-  (docs/benchmarks.md).
+  (docs/journal/benchmarks.md).
 - ``slots=0`` (shards from before ``batch``): one entry per key.
 - ``slots=N``: keys hashed into N entries per shard, every key sharing a touched entry rewritten.
 
@@ -39,7 +39,7 @@ BATCH = "batch"
 # touches), when the stored keys it read are at least a quarter of its shard's (the next calls
 # are then likely to read most of a generation too), or when its shard stores nothing (its first
 # batch, or one after every key was purged: the same; one entry per key in a first batch cost the
-# evaluator bench 1-3 s at 10k and 100k keys, docs/benchmarks.md); otherwise one entry per key. A
+# evaluator bench 1-3 s at 10k and 100k keys, docs/journal/benchmarks.md); otherwise one entry per key. A
 # generation is read whole for any of its keys, so a live batch over few of many stored keys, or
 # over keys that come and go, keeps entries per key.
 GENERATION_KEYS = 4096

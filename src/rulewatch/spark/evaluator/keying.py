@@ -38,7 +38,7 @@ def fan_out(events: DataFrame, keyset_rows: DataFrame, labels: list[int]) -> Dat
 
     The key's parts are looked up with one CASE per position instead of a map and higher-order
     functions: those are interpreted row by row, these compile with the rest of the stage (1M
-    events: ~1 s less in a probe, ~0.5 s of CPU in gold's stage; docs/benchmarks.md). A valid
+    events: ~1 s less in a probe, ~0.5 s of CPU in gold's stage; docs/journal/benchmarks.md). A valid
     keyset names each field at most once, so it has at most ``len(FIELD_COLUMNS)`` parts; a longer
     one is an invalid rule's and routes nothing.
     """

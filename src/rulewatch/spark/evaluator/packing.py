@@ -2,7 +2,7 @@
 
 Why: pyspark's ``transformWithStateInPandas`` turns every input row into a Python tuple and groups
 the tuples by key one at a time (~15-20 µs a row on these cores), which cost more than the whole
-evaluation at a million keys (docs/benchmarks.md). Packing each partition's events per shard in a
+evaluation at a million keys (docs/journal/benchmarks.md). Packing each partition's events per shard in a
 stateless ``mapInArrow`` first hands the stateful operator a few hundred rows per batch instead of
 one per event, and the evaluator unpacks them column by column. The shuffle then moves the same
 bytes in fewer, larger rows.

@@ -2,7 +2,7 @@
 
 Spark starts a Python process on the driver at every query start only to learn the processor's
 state variables (``init``). This module imports no pandas or numpy, so that process does not pay
-~0.5 s for them (docs/benchmarks.md); a shard loads the evaluator on its first call.
+~0.5 s for them (docs/journal/benchmarks.md); a shard loads the evaluator on its first call.
 """
 
 from __future__ import annotations

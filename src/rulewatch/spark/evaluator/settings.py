@@ -28,7 +28,7 @@ HLL_LG_CONFIG_K = 12
 class GoldSettings:
     # One shard per partition of the stateful stage at the local default of 4 partitions: each shard
     # call has fixed costs (its frames converted, its history generation written, its expiry index), and
-    # 4 instead of 16 cut the evaluator's operator time 8-40 % here (docs/benchmarks.md, "One shard per
+    # 4 instead of 16 cut the evaluator's operator time 8-40 % here (docs/journal/benchmarks.md, "One shard per
     # stateful partition"). A cluster with more cores wants more (the bundle's gold_shards); a
     # checkpoint keeps the count it began with.
     shards: int = 4
@@ -40,12 +40,12 @@ class GoldSettings:
     # Gold runs in event-time mode: with Spark's no-data batches on, every batch that moves the watermark
     # is followed by an empty one that only fires the cleanup timers (they emit nothing). Live, the next
     # events wait behind it; a job run pays it once more before it ends (~5 s of a 20 s gold run at 10k
-    # keys, docs/benchmarks.md). Off, the timers fire in the next data batch, this run's or the next one's.
+    # keys, docs/journal/benchmarks.md). Off, the timers fire in the next data batch, this run's or the next one's.
     no_data_batches: bool = False
     # Which keys get a gold/window_metrics row per batch: "near" those whose batch peak reached
     # NEAR_LIMIT_SHARE of an upper limit (every key of the other rules), "all" every key touched.
     # A summary row per rule and batch counts every evaluated key either way. At a million keys a row per key
-    # is most of what gold writes (its append ~1-2 s of a ~15 s gold layer here, docs/benchmarks.md).
+    # is most of what gold writes (its append ~1-2 s of a ~15 s gold layer here, docs/journal/benchmarks.md).
     window_metrics: str = "near"
     # The stateful stage's partitions the shards' labels are spread over (engine.shards); start_gold
     # takes it from the checkpoint's record. 0: labels 0 .. shards-1, as before the record held it.

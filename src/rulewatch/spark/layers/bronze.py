@@ -117,7 +117,7 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder:
     started = time.time()
     batch = landed(batch, source)
     # The append counts the lines as it writes them: a count of its own read the whole batch once
-    # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/benchmarks.md).
+    # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/journal/benchmarks.md).
     counted = Observation()
     appended = append(numbered(batch).observe(counted, F.count(F.lit(1)).alias("lines")), lakehouse, batch_id)
     # None after a replay of a batch whose append committed, and under Spark Connect when the server

@@ -72,7 +72,7 @@ JOB_LAYERS = ("bronze", "silver", "gold")
 @contextmanager
 def metrics_gathered(spark: SparkSession, lakehouse: Lakehouse) -> Iterator[dict[str, Recorder]]:
     """Recorders for the job's layers that keep their metrics rows, appended in one commit when the
-    block ends instead of one commit per layer (~0.7-1 s each, docs/benchmarks.md). A block that
+    block ends instead of one commit per layer (~0.7-1 s each, docs/journal/benchmarks.md). A block that
     raises appends them too; if that fails as well, the next start does (checkpoints.check_queries).
     Under a Spark Connect server elsewhere, whose copies of the recorders write on its disk, each
     batch's rows are committed at once instead."""

@@ -87,7 +87,7 @@ def _wrong_types(flat: Column) -> list[tuple[Column, Column]]:
     # Only text that could be one (an object, array or boolean arrives as its JSON text), and then
     # only in a line that could hold one, pays for the variant's type. The field's own test comes
     # first: Spark's AND skips its right side when the left is false, and the line test scans the
-    # whole line twice (docs/benchmarks.md, "Silver's per-line tests in order").
+    # whole line twice (docs/journal/benchmarks.md, "Silver's per-line tests in order").
     maybe = ~flat | F.col("value").contains("true") | F.col("value").contains("false")
     suspect = {
         f: F.coalesce(_text(f).startswith("{") | _text(f).startswith("[") | _text(f).isin("true", "false"), F.lit(False)) & maybe
@@ -238,7 +238,7 @@ def _fields(variant: Column, flat: Column, cast: Column) -> Column:
     read into each branch of this conditional, where an inlined cast ran once per field: 1M lines
     20 s against 7 s). A line the variant parser read as an object takes its fields from it,
     which costs less than the second parse by Spark's JSON reader every line paid before
-    (docs/benchmarks.md). Only another line (refused by the variant parser, or not an object) is
+    (docs/journal/benchmarks.md). Only another line (refused by the variant parser, or not an object) is
     read by that reader, whose corrupt-record column tells malformed JSON from a duplicate key,
     which only the variant parser refuses.
     """
@@ -268,7 +268,7 @@ def _parse_plan(spark: SparkSession) -> ParsePlan:
     """``parse``'s columns, stage by stage, and its output, for the settings in the environment now.
 
     Building them is ~4,400 calls into the JVM (0.4-0.6 s of a live ingest batch's ~3 s alone,
-    docs/benchmarks.md); they are unresolved expressions, so every batch can reuse them.
+    docs/journal/benchmarks.md); they are unresolved expressions, so every batch can reuse them.
     """
     return _built_parse_plan(type(spark).__module__, tuple(payment_types()), future_tolerance())
 
@@ -339,7 +339,7 @@ def _built_parse_plan(session_kind: str, allowed_types: tuple[str, ...], toleran
     # array_except drops the nulls and keeps codegen (F.filter is interpreted, and would drag every check with it).
     failed = F.array_except(F.array(*[F.when(cond, msg) for cond, msg in checks]), F.array(F.lit(None).cast("string")))
     # Both as columns of their own: the cause is then computed once, and the checks outside a
-    # conditional, where Spark shares their common parts (1M lines: 18-19 s -> 13 s, docs/benchmarks.md).
+    # conditional, where Spark shares their common parts (1M lines: 18-19 s -> 13 s, docs/journal/benchmarks.md).
     stages.append({"_cause": cause, "_failed": failed})
     reasons = F.when(F.col("_cause").isNotNull(), F.array(F.col("_cause"))).otherwise(F.col("_failed"))
     typed = [
@@ -392,7 +392,7 @@ def _earlier_times(
     event-time bound lets Delta skip files by their min/max statistics; the semi-join on the
     batch's ids (broadcast while they are few) keeps the grouping to the ids that can repeat,
     so a batch scans two columns of the horizon instead of shuffling all of it by id, which
-    cost ~1 s per batch per million rows in the horizon (docs/benchmarks.md).
+    cost ~1 s per batch per million rows in the horizon (docs/journal/benchmarks.md).
     """
     horizon = F.expr(f"INTERVAL {horizon_ms} MILLISECONDS")
     low, high = event_range

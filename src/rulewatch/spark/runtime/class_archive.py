@@ -1,7 +1,7 @@
 """The JVM's class-data sharing archive: the classes a run loads, kept mapped-ready for the next JVM.
 
 A cold local run spends most of its first minute loading and verifying Spark's and Delta's classes
-(docs/benchmarks.md, "A cold rulewatch run"). The JVM can dump every class it loaded at exit
+(docs/journal/benchmarks.md, "A cold rulewatch run"). The JVM can dump every class it loaded at exit
 (``-XX:ArchiveClassesAtExit``) and map that dump at the next start (``-XX:SharedArchiveFile``).
 
 A truncated archive crashes the JVM that maps it (SIGBUS), so an archive is only ever used once it

@@ -66,7 +66,7 @@ def java_binary() -> Path | None:
 
 def collector_option(environ: Mapping[str, str]) -> str:
     """The parallel collector, not G1, because a batch job on two cores wants throughput: G1's
-    concurrent work takes a core from the tasks (silver on 1M lines ~10 % faster, docs/benchmarks.md,
+    concurrent work takes a core from the tasks (silver on 1M lines ~10 % faster, docs/journal/benchmarks.md,
     "The JVM's collector"). Empty if the environment's JVM options already choose one: the JVM
     refuses to start with two."""
     given = " ".join(environ.get(name, "") for name in ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"))
@@ -74,7 +74,7 @@ def collector_option(environ: Mapping[str, str]) -> str:
 
 
 # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
-# then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/benchmarks.md).
+# then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/journal/benchmarks.md).
 JAVA_OPTIONS = " ".join(
     option
     for option in (

@@ -40,22 +40,22 @@ LOCAL_CONF: dict[str, str] = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     # The .crc file beside each commit costs a state computation per append; live micro-batches make
-    # several appends each (docs/benchmarks.md, "Live mode latency": batches ~5-10% shorter without).
+    # several appends each (docs/journal/benchmarks.md, "Live mode latency": batches ~5-10% shorter without).
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Silver caches each batch's parsed lines once and reads them five times; compressing that cache
-    # costs more CPU than it saves (1M lines: 15.6-16.2 s -> 13.5-14.7 s, docs/benchmarks.md).
+    # costs more CPU than it saves (1M lines: 15.6-16.2 s -> 13.5-14.7 s, docs/journal/benchmarks.md).
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
     # Compiled code is cached by its source, 100 entries by default: a live ingest + gold pair of
     # micro-batches generates ~300 distinct classes, so the cache thrashed and most compiling
     # recompiled a source seen before (1-minute demo: 18.8 of 30.5 s). Delta's per-batch filters
-    # carry literals and still compile once each; this keeps the rest (docs/benchmarks.md, "Live
+    # carry literals and still compile once each; this keeps the rest (docs/journal/benchmarks.md, "Live
     # mode latency").
     "spark.sql.codegen.cache.maxEntries": "1000",
     # A file-source micro-batch of more than 32 files (the default) has its files listed by a Spark
     # job, one task per file; on a local disk the driver stats them in milliseconds. A live ingest
     # batch holds ~50 landed files at 1,000 events/s, a job run every file landed since the last
-    # (50 files: getBatch 317-392 -> 12-15 ms; 935 files: 4.7 -> 0.1 s; docs/benchmarks.md).
+    # (50 files: getBatch 317-392 -> 12-15 ms; 935 files: 4.7 -> 0.1 s; docs/journal/benchmarks.md).
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
     # Local runs need no Derby metastore: every table is addressed by path.
     "spark.sql.catalogImplementation": "in-memory",
@@ -67,7 +67,7 @@ LOCAL_CONF: dict[str, str] = {
 # loaded, which pip's pyspark does not ship: ~3-5 ms each here. FileContext is how Spark writes
 # streaming checkpoints (offsets, commits, state store files) and Delta its log on file paths by
 # default; through the FileSystem API a rename starts none (the fixture job: 578 processes ->
-# 253, docs/benchmarks.md). Either way a rename checks that its target is absent, then renames:
+# 253, docs/journal/benchmarks.md). Either way a rename checks that its target is absent, then renames:
 # neither is atomic across processes on a local disk; Delta's LocalLogStore adds a lock within one.
 CHECKPOINT_MANAGER = "FileSystemBasedCheckpointFileManager"
 
@@ -100,7 +100,7 @@ def driver_java_options() -> str:
     """The local driver JVM's options: the project's, this machine's class archive, then
     ``RULEWATCH_JAVA_OPTIONS`` last, so that they win. The test suite sets it to compile with C1 only
     (``-XX:TieredStopAtLevel=1``) for the commands it starts: a short-lived JVM otherwise spends ~70 %
-    of its CPU in the JIT compilers (docs/benchmarks.md, "The test suite's JVMs")."""
+    of its CPU in the JIT compilers (docs/journal/benchmarks.md, "The test suite's JVMs")."""
     return " ".join(filter(None, (JAVA_OPTIONS, archive_options(), os.environ.get("RULEWATCH_JAVA_OPTIONS", "").strip())))
 
 

@@ -1,7 +1,7 @@
 """Spark's Python worker daemon, with what every worker imports done once, before it forks.
 
 Local sessions start their Python workers through this module (``spark.python.daemon.module``);
-it runs ``pyspark.daemon`` unchanged after three things (docs/benchmarks.md, "Python workers start
+it runs ``pyspark.daemon`` unchanged after three things (docs/journal/benchmarks.md, "Python workers start
 from the installed pyspark"):
 - Spark puts ``pyspark.zip``, ``py4j-*.zip`` and its ``spark-core`` jar first on a worker's path.
   zipimport cannot cache bytecode, so every fresh process compiled pyspark from source (~0.8 s

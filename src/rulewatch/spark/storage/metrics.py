@@ -95,7 +95,7 @@ class Recorder:
     Gathered (``every`` > 0): a batch leaves its rows in a file in the query's checkpoint, and the
     first batch ending ``every`` seconds after the last commit appends every file's rows in one
     commit (live mode; a one-row commit cost a live batch 0.7-1.5 s of two busy cores,
-    docs/benchmarks.md). ``flush`` (after the query stops) appends the rest; a job-mode run
+    docs/journal/benchmarks.md). ``flush`` (after the query stops) appends the rest; a job-mode run
     (``every`` infinite) appends all its layers' at its end (``flush_pending``). A crash leaves the
     files, and the next start appends them before its checks (called by checkpoints.check_queries):
     the rows describe committed writes, so they must reach the table.

@@ -6,7 +6,7 @@ and a failed batch ends the run), so only that batch pays for the check (``per_r
 (sink, batch) the table's history already holds, and writes with Delta's ``txnAppId`` +
 ``txnVersion`` as a second guard. Later batches of the run append without it — Delta answers
 ``txnVersion`` by reconstructing the table's state, more than half of a small append's cost
-(docs/benchmarks.md). Every commit names its (sink, batch) in ``userMetadata``, which is what the
+(docs/journal/benchmarks.md). Every commit names its (sink, batch) in ``userMetadata``, which is what the
 check and checkpoints.py read.
 """
 

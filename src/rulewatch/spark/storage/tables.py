@@ -44,7 +44,7 @@ def read_stream(reader: DataStreamReader, table: str, starting_version: int | No
     if starting_version is None and not is_table_name(table) and whole_history_is_appends(table):
         # A new query's first batch is then read from the log's commits. Without a starting version
         # Delta plans it from a snapshot whose files a Spark job sorts: ~1-1.5 s per source and
-        # query start (docs/benchmarks.md). A restarted query resumes from its offsets either way.
+        # query start (docs/journal/benchmarks.md). A restarted query resumes from its offsets either way.
         starting_version = 0
     if starting_version is not None:
         reader = reader.option("startingVersion", starting_version)
@@ -92,7 +92,7 @@ def ensure_table(
 
     ``stats_columns``: the columns whose min/max Delta keeps per file (by default the first 32).
     For the tables written a million rows at a time, only the columns reads filter on: the
-    statistics of every other column cost each append ~35 % of its time (docs/benchmarks.md)."""
+    statistics of every other column cost each append ~35 % of its time (docs/journal/benchmarks.md)."""
     stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
     props = {"delta.appendOnly": "false", **stats, **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
