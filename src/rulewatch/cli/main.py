@@ -152,6 +152,15 @@ def _add_job_cli(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=arguments.command("rulewatch.cli.jobs:cmd_job_run"))
 
 
+def _add_sql_cli(subparsers: argparse._SubParsersAction) -> None:
+    sql = subparsers.add_parser("sql", help="SQL over the lakehouse's tables and dashboard views: a prompt, or -e STATEMENT")
+    sql.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
+    sql.add_argument("-e", "--execute", action="append", metavar="STATEMENT",
+                     help="run STATEMENT, print its rows and exit (repeatable); without it, statements are read from the "
+                          "terminal or standard input, each ended by ;")  # fmt: skip
+    sql.set_defaults(func=arguments.command("rulewatch.cli.sql_cli:cmd_sql"))
+
+
 def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="a self-contained HTML report with charts from the gold tables")
     report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
@@ -267,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_cli(sub)
     add_remote_cli(sub)
     _add_report_cli(sub)
+    _add_sql_cli(sub)
     _add_live_cli(sub)
     kafka_cli.add_cli(sub)
     return parser
