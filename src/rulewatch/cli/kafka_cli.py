@@ -76,6 +76,28 @@ def _topic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _alerts(args: argparse.Namespace) -> int:
+    from rulewatch.kafka.consume import follow
+    from rulewatch.kafka.health import check_topic
+
+    topic = KafkaTopic(args.bootstrap, args.topic, args.kafka_secret_scope)
+    check_topic(topic)  # a dead cluster or a mistyped topic: said now, not by waiting for ever
+    idle = args.idle or None  # 0: never
+    waiting = f"until {idle:g}s pass without one" if idle else "Ctrl-C stops"
+    print(f"rulewatch kafka alerts: {args.topic} on {args.bootstrap}, {'from the beginning' if args.from_beginning else 'new alerts'}; {waiting}", file=sys.stderr)
+    shown = 0
+    try:
+        for value in follow(topic, args.from_beginning, idle):
+            print((value or b"").decode("utf-8", errors="replace"), flush=True)
+            shown += 1
+            if args.max and shown >= args.max:
+                break
+    except KeyboardInterrupt:
+        return 130
+    print(f"rulewatch kafka alerts: {shown} alert(s)", file=sys.stderr)
+    return 0
+
+
 def _run(handler):
     @arguments.needs
     def run(args: argparse.Namespace) -> int:
@@ -110,3 +132,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     topic.add_argument("--name", required=True)
     topic.add_argument("--partitions", type=arguments.count("partitions", 2), default=2)
     topic.set_defaults(func=_run(_topic))
+    alerts = commands.add_parser("alerts", help="print the alerts published to an alert topic (--alerts-topic), one JSON object a line")
+    alerts.add_argument("--bootstrap", required=True, metavar="HOST:PORT[,...]")
+    alerts.add_argument("--topic", required=True, help="the alert topic")
+    alerts.add_argument("--from-beginning", action="store_true", help="first every alert the topic still holds (default: only new ones)")
+    alerts.add_argument("--max", type=arguments.count("max", 10), metavar="N", help="stop after N alerts")
+    alerts.add_argument("--idle", type=arguments.seconds("idle", 30.0), metavar="SECONDS", help="stop once SECONDS pass without an alert (default, or 0: never)")
+    alerts.add_argument("--kafka-secret-scope", help="Databricks secret scope with kafka-sasl-username / kafka-sasl-password (locally: RULEWATCH_KAFKA_SASL_* env)")
+    alerts.set_defaults(func=_run(_alerts))
