@@ -136,6 +136,8 @@ class Monitor:
     drained_in: float | None = None  # seconds a draining stream took to drain (stream(drain=True))
     interrupted: bool = False  # stopped by Ctrl-C
     source_outage: str | None = None  # the Kafka source did not answer for a while (kafka.health.Watch)
+    moved: bool = False  # the last poll saw rows, alerts, a note or an error
+    rules_version: int = -1  # the newest config/rules commit gold was seen running
 
     def __post_init__(self) -> None:
         # Alerts of earlier runs on this lakehouse are not news.
@@ -230,11 +232,12 @@ class Monitor:
         errors = [f"{q.name} stopped with an error: {error}" for q in self.queries if (error := q.exception()) is not None]
         if errors and not stopped:
             raise RuntimeError(errors[0])
-        rates = [
-            f"{name} {layer.update(query.recentProgress) / seconds:7.0f} rows/s"
-            for (name, layer), query in zip(self.layers.items(), self.queries)
-        ]
+        rows = [layer.update(query.recentProgress) for layer, query in zip(self.layers.values(), self.queries)]
+        rates = [f"{name} {n / seconds:7.0f} rows/s" for name, n in zip(self.layers, rows)]
         new, note = self._new_alerts()
+        if rules := self._rules_news():
+            note = "\n".join(filter(None, (note, rules)))
+        self.moved = any(rows) or bool(new or note or errors)
         self.alerts += new
         latencies = [a.latency_ms for a in new if a.latency_ms is not None]
         latency = f"{max(latencies) / 1000:5.2f}s" if latencies else "  n/a"
@@ -246,6 +249,21 @@ class Monitor:
         for error in errors:  # the first line: the rest is the query's plan
             line += f"\n{error.splitlines()[0]} (as it was stopped; the next start replays its batch)"
         return line, new
+
+    def _rules_news(self) -> str:
+        """A line when gold's newest batch runs a newer config/rules commit than the last one said.
+
+        Gold's metrics rows name the commit its shards run (``rules_version``) and how many rules
+        are active then; rows wait in files between metrics commits, and any later batch's row names
+        the same commit, so a poll a second sees each change (where foreachBatch runs here)."""
+        rows = [r for r in kept_rows(self.lakehouse, "gold") if r.get("rules_version") is not None]
+        if not rows:
+            return ""
+        newest = max(rows, key=lambda r: (r["rules_version"], r["batch_id"]))
+        if newest["rules_version"] <= self.rules_version:
+            return ""
+        self.rules_version = newest["rules_version"]
+        return f"rules: gold now evaluates config/rules version {self.rules_version} ({newest.get('active_rules')} active) from batch {newest['batch_id']}"
 
     def _latest_version(self, table: str) -> int:
         return tables.latest_commit(self.spark, table)["version"]
@@ -320,11 +338,16 @@ def _wait_started(monitor: Monitor, timeout: float = 180) -> None:
     monitor.poll()
 
 
-def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float = 1.0) -> None:
-    """Print a progress line (and the new alerts) every ``every`` seconds until ``until()``."""
+def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float = 1.0, idle_every: float = 10.0) -> None:
+    """Until ``until()``: a progress line (and the new alerts) every ``every`` seconds while rows or alerts
+    move, and every ``idle_every`` seconds while nothing does (a line a second of "0 rows/s" says nothing)."""
+    shown = float("-inf")
     while not until():
         time.sleep(every)
-        _show(monitor.poll(), log)
+        polled = monitor.poll()
+        if monitor.moved or time.monotonic() - shown >= idle_every:
+            _show(polled, log)
+            shown = time.monotonic()
 
 
 def _show(polled: tuple[str, list[Alert]], log: Log, show_alerts: int = 5) -> None:
