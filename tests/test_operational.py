@@ -216,9 +216,13 @@ def test_a_mistyped_flag_is_named_before_anything_else(capsys, argv, said):
     assert (code, err) == (2, f"{prog}: error: {said} (see {prog} --help)\n")
 
 
-def test_flags_still_work_abbreviated_and_after_a_double_dash():
-    assert build_parser().parse_args(["run", "--lake", "L", "--landing", "in"]).lakehouse == "L"
-    assert build_parser().parse_args(["rules", "apply", "--lakehouse", "L", "--", "--odd-name.json"]).file == "--odd-name.json"
+def test_flags_still_work_abbreviated_and_values_that_look_like_flags_are_values(capsys):
+    parse = build_parser().parse_args
+    assert parse(["run", "--lake", "L", "--landing", "in"]).lakehouse == "L"
+    assert parse(["rules", "apply", "--lakehouse", "L", "--", "--odd-name.json"]).file == "--odd-name.json"
+    assert parse(["sql", "--lakehouse", "L", "-e", "-- a comment\nSELECT 1"]).execute == ["-- a comment\nSELECT 1"]
+    code, err = cli(["run", "--kafka", "t", "--lakehouse", "L", "--landing", "in"], capsys)  # ambiguous: argparse says so
+    assert code == 2 and "ambiguous option: --kafka could match" in err
 
 
 def test_generate_offers_the_kafka_flags_of_a_sender(capsys):

@@ -79,20 +79,34 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         argv = sys.argv[1:] if args is None else list(args)
         if not self._subparsers:  # a command's own parser: every flag it is given is one of its own
+            value_next = False
             for token in argv:
                 if token == "--":
                     break
-                flag = token.split("=", 1)[0]
-                if flag.startswith("--") and not self._flag_known(flag):
+                if value_next or not token.startswith("-") or any(c.isspace() for c in token):
+                    value_next = False  # an option's value (even one like "-- comment"), or a positional
+                    continue
+                if not token.startswith("--"):  # a short option: -e VALUE, or -eVALUE
+                    short = self._option_string_actions.get(token[:2])
+                    value_next = short is not None and short.nargs != 0 and len(token) == 2
+                    continue
+                flag, _, given = token.partition("=")
+                action = self._action_of(flag)
+                if action is None:
                     close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
                     self.error(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+                value_next = action is not ... and action.nargs != 0 and not given
         return super().parse_known_args(args, namespace)
 
-    def _flag_known(self, flag: str) -> bool:
-        # argparse also takes an unambiguous prefix of a flag (--lake for --lakehouse).
-        return flag in self._option_string_actions or (
-            self.allow_abbrev and len([f for f in self._option_string_actions if f.startswith(flag)]) == 1
-        )
+    def _action_of(self, flag: str) -> Any:
+        """The action ``flag`` names (argparse also takes an unambiguous prefix: --lake for --lakehouse);
+        ``...`` for an ambiguous prefix, which argparse itself reports; None for no flag of this command."""
+        if flag in self._option_string_actions:
+            return self._option_string_actions[flag]
+        if not self.allow_abbrev:
+            return None
+        matches = {self._option_string_actions[f] for f in self._option_string_actions if f.startswith(flag)}
+        return matches.pop() if len(matches) == 1 else (... if matches else None)
 
 
 def _gold_setting(name: str, value: Any) -> None:

@@ -1,4 +1,4 @@
-"""The stateful processor Spark pickles for gold: its state declared here, its work in evaluator.py.
+"""The stateful processor Spark pickles for gold: its state declared here, its work in shard.py.
 
 Spark starts a Python process on the driver at every query start only to learn the processor's
 state variables (``init``). This module imports no pandas or numpy, so that process does not pay

@@ -1,8 +1,8 @@
 """Gold: silver events + the rules change feed -> stateful evaluator -> alerts, metrics, late events.
 
-Flow: silver stream -> watermark -> fan out per keyset (keying.py) -> union with every rule change
-broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator.py) ->
-one ``foreachBatch`` that splits the output into idempotent Delta appends (sinks.py).
+Flow: silver stream -> watermark -> fan out per keyset (evaluator/keying.py) -> union with every rule change
+broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator/shard.py) ->
+one ``foreachBatch`` that splits the output into idempotent Delta appends (storage/sinks.py).
 """
 
 from __future__ import annotations

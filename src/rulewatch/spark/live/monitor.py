@@ -255,7 +255,9 @@ class Monitor:
 
         Gold's metrics rows name the commit its shards run (``rules_version``) and how many rules
         are active then; rows wait in files between metrics commits, and any later batch's row names
-        the same commit, so a poll a second sees each change (where foreachBatch runs here)."""
+        the same commit, so a poll a second sees each change. Only where the rows wait in this machine's
+        files (foreachBatch here, ``--metrics-every`` above 0): otherwise no line, as the table is not
+        read each second for it."""
         rows = [r for r in kept_rows(self.lakehouse, "gold") if r.get("rules_version") is not None]
         if not rows:
             return ""

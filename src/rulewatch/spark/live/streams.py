@@ -1,7 +1,7 @@
 """Live mode: the pipeline as continuous streams (``rulewatch stream``; ``demo.py`` feeds them a generator).
 
 Two queries run on processing-time triggers: ingest (landing -> bronze + silver in one
-micro-batch, ingest.py) and gold, the same query the batch job uses. A monitor on the driver
+micro-batch, layers/ingest.py) and gold, the same query the batch job uses. A monitor on the driver
 (``monitor.py``) turns their progress and the new rows of ``gold/alerts`` into a progress line. Stopping (Ctrl-C, or the end
 of a demo) stops each query between micro-batches, so the checkpoints stay usable and the next
 start continues from them.
@@ -80,7 +80,7 @@ def stream(
     log: Log = print,
     drain: bool = False,
 ) -> Monitor:
-    """Run the streams until Ctrl-C (or ``duration`` seconds), printing a progress line each second.
+    """Run the streams until Ctrl-C (or ``duration`` seconds), printing progress (``monitor.follow``).
 
     ``drain``: stop as soon as everything available has gone through (``Monitor.drained``), within
     ``duration`` if given: a catch-up run of the live queries that ends by itself, as the job does.

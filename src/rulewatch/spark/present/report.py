@@ -422,7 +422,7 @@ def build_report(spark: SparkSession, lakehouse: Lakehouse, mask: bool = False) 
     )
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     masking = "account identifiers masked" if mask else "account identifiers shown"
-    # The session's time zone is UTC (session.py), so every time shown is UTC.
+    # The session's time zone is UTC (runtime/session.py), so every time shown is UTC.
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>rulewatch report</title><style>{CSS}</style></head>'
         f"<body><header><h1>rulewatch report</h1><p>{escape(lakehouse.root)} · {made} · {masking} · all times UTC</p></header>"

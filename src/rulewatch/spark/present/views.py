@@ -4,7 +4,7 @@ Every dashboard dataset, the local HTML report and the explore notebook read the
 number means the same thing everywhere. Each view's SQL names its inputs as ``{placeholders}``:
 
 - locally (:func:`register_views`) the gold/silver/config tables become temp views read from the
-  lakehouse's tables (conformed to ``schema.py``, so a lakehouse written before a column
+  lakehouse's tables (conformed to ``storage/schema.py``, so a lakehouse written before a column
   existed still answers), and the views become temp views of the same names;
 - in Unity Catalog (:func:`catalog_view_statements`) the inputs are the lakehouse's tables by name
   (managed tables of ``Lakehouse.schema``, or Delta paths without one) and the views are ``CREATE OR REPLACE VIEW <catalog>.<schema>.<name>``; the

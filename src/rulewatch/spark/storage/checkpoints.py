@@ -319,7 +319,7 @@ def _query_sinks(lakehouse: Lakehouse) -> dict[str, list[tuple[str, str]]]:
 
 
 # The job ingests the landing folder with the bronze and silver queries, live mode with the one
-# ingest query (ingest.py). Each reads every landed file, so a lakehouse used both ways would hold
+# ingest query (layers/ingest.py). Each reads every landed file, so a lakehouse used both ways would hold
 # every line twice.
 INGEST_WAYS = {"bronze": "the batch job", "silver": "the batch job", "ingest": "live mode (rulewatch stream / demo)"}
 
