@@ -11,18 +11,24 @@ STAMP := $(VENV)/.rulewatch-installed
 setup: $(STAMP)
 
 # Pinned set (requirements.lock) + the Delta and Spark-Kafka jars and the Apache Kafka broker's jars,
-# fetched once from Maven Central (python -m rulewatch.spark.jars); afterwards every run and test works offline.
-# Then the JVM's class archive, which makes every later Spark start faster (rulewatch.spark.class_archive).
+# fetched once from Maven Central (python -m rulewatch.cli.setup); afterwards every run and test works offline.
+# Then the JVM's class archive, which makes every later Spark start faster (rulewatch.spark.runtime.class_archive).
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev,local,remote]'
-	$(BIN)/python -m rulewatch.spark.jars
-	$(BIN)/python -m rulewatch.spark.class_archive
+	$(BIN)/python -m rulewatch.cli.setup
+	$(BIN)/python -m rulewatch.spark.runtime.class_archive
 	touch $(STAMP)
 
 demo: setup
 	$(BIN)/rulewatch run --lakehouse lakehouse --landing fixtures/transactions --rules fixtures/rules.json
+	@echo
+	@echo "Next:"
+	@echo "  $(BIN)/rulewatch report --lakehouse lakehouse      # an HTML report of these alerts (report.html)"
+	@echo "  $(BIN)/rulewatch demo --lakehouse lakehouse-live   # live mode: generated traffic, alerts as they fire"
+	@echo "  notebooks/00_setup.ipynb ... 05_live.ipynb         # the same steps one layer at a time"
+	@echo "  README.md: rules, Kafka, deploying the bundle (databricks bundle deploy)"
 
 test: setup setup-spark40 browser
 	$(BIN)/pytest -q
@@ -59,10 +65,10 @@ $(STAMP40): pyproject.toml requirements.lock
 	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt
 	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev,remote]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
 	$(VENV40)/bin/python -m pip install --quiet --no-deps delta-spark==4.4.0
-	$(VENV40)/bin/python -m rulewatch.spark.jars
+	$(VENV40)/bin/python -m rulewatch.cli.setup
 	touch $(STAMP40)
 
-# On Spark's own Python worker daemon: the main leg starts workers from rulewatch.spark.worker_daemon,
+# On Spark's own Python worker daemon: the main leg starts workers from rulewatch.spark.runtime.worker_daemon,
 # so the fallback (RULEWATCH_WORKER_DAEMON=off, and every session not built here) is checked here.
 test-spark40: setup-spark40
 	RULEWATCH_WORKER_DAEMON=off $(VENV40)/bin/pytest -q $(SPARK40_TESTS)

@@ -11,8 +11,8 @@
 --   `fraud-analysts`      read alerts and the dashboard views, never raw events
 --
 -- Every rulewatch table is a Unity Catalog managed table in the schema, named <layer>_<table>
--- (src/rulewatch/spark/lakehouse.py; the bundle variable `tables`), so each is granted on its own:
---   * analysts get SELECT on each dashboard view by name (src/rulewatch/spark/views.py), never on the
+-- (src/rulewatch/spark/storage/lakehouse.py; the bundle variable `tables`), so each is granted on its own:
+--   * analysts get SELECT on each dashboard view by name (src/rulewatch/spark/present/views.py), never on the
 --     schema, which would open every table (raw events) to them too. Account identifiers reach them
 --     masked in the views unless they are in the PII group (bundle variable pii_viewer_group);
 --   * rule editors change rules with SQL on config_rules (the running stream validates each change

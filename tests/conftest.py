@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
 # The commands and notebooks the tests start (they inherit the environment) compile with C1 only: a
-# short-lived JVM otherwise spends most of its CPU in the JIT (docs/benchmarks.md, "The test suite's
+# short-lived JVM otherwise spends most of its CPU in the JIT (docs/journal/benchmarks.md, "The test suite's
 # JVMs"). This process's own session lives through the suite and keeps the full JIT (see spark()).
 # C1 alone gets HotSpot's small code cache (48 MB instead of 240 MB), which a live stream restarting
 # its queries filled in CI ("Out of space in CodeCache for method handle intrinsic" killed the JVM),
@@ -68,7 +68,7 @@ def why_it_failed(stderr: str, limit: int = 6000) -> str:
 
 @pytest.fixture(scope="session")
 def spark():
-    from rulewatch.spark.session import get_spark
+    from rulewatch.spark.runtime.session import get_spark
 
     if os.environ.get("JAVA_HOME") == NO_JVM_HOME:
         pytest.fail("this test uses Spark: mark it jvm (the fast tier starts no JVM)")
@@ -82,7 +82,7 @@ def spark():
 
 def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=None):
     """Lines as bronze rows (valid UTF-8, numbered in order), for silver tests without a landing folder."""
-    from rulewatch.spark.schema import BRONZE
+    from rulewatch.spark.storage.schema import BRONZE
 
     unset = (None,) * (len(BRONZE.fields) - 4)  # exact bytes, file size and time, Kafka coordinates
     return spark.createDataFrame([(line, source, ingest_time, i, *unset) for i, line in enumerate(lines)], BRONZE)
@@ -96,8 +96,8 @@ class PipelineRun:
 
 
 def run_fixture_pipeline(spark, root: Path) -> PipelineRun:
-    from rulewatch.spark.lakehouse import Lakehouse
-    from rulewatch.spark.pipeline import run_all
+    from rulewatch.spark.storage.lakehouse import Lakehouse
+    from rulewatch.spark.layers.pipeline import run_all
 
     landing = root / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)

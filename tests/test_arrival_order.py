@@ -29,8 +29,8 @@ from decimal import Decimal
 import pytest
 
 from oracle import oracle
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.pipeline import run_all
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.pipeline import run_all
 
 RULE = {
     "ruleId": 1,

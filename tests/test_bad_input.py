@@ -16,10 +16,10 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, bronze_frame
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.pipeline import Summary, run_all
-from rulewatch.spark.settings import FUTURE_TOLERANCE_ENV
-from rulewatch.spark.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.pipeline import Summary, run_all
+from rulewatch.spark.runtime.env import FUTURE_TOLERANCE_ENV
+from rulewatch.spark.layers.silver import OTHER_REASON, PAYMENT_TYPES_ENV, REASON_CODES, parse
 
 T0 = 1793527200000  # 2026-11-01T10:00:00Z
 MINUTE = 60_000

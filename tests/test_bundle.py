@@ -29,7 +29,7 @@ from rulewatch.bundle.check import (
 )
 from rulewatch.bundle.config import BundleError, Identity, load_config, target_names
 from rulewatch.cli.jobs import JobError, JobSpec, load_bundle, task_order
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse
 
 BUNDLE = load_bundle(ROOT)
 JOBS = sorted(BUNDLE.jobs)
@@ -131,10 +131,10 @@ def notebook_widgets(path: Path) -> dict[str, bool]:
 def test_widget_parser_reads_names_and_defaults(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell('%pip install x\nfrom rulewatch.spark.widgets import widget\na = widget("a")\nb = widget("b", "1")'),
+        nbformat.v4.new_code_cell('%pip install x\nfrom rulewatch.spark.present.widgets import widget\na = widget("a")\nb = widget("b", "1")'),
         nbformat.v4.new_code_cell('%sql SELECT widget("nope")'),
-        nbformat.v4.new_code_cell('import rulewatch.spark.widgets as w\nc = int(w.widget("c", default="2"))\nprint("widget(\\"d\\")")'),
-        nbformat.v4.new_code_cell('from rulewatch.spark.widgets import int_widget\ne = int_widget("e", 3)'),
+        nbformat.v4.new_code_cell('import rulewatch.spark.present.widgets as w\nc = int(w.widget("c", default="2"))\nprint("widget(\\"d\\")")'),
+        nbformat.v4.new_code_cell('from rulewatch.spark.present.widgets import int_widget\ne = int_widget("e", 3)'),
     ]
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, path)

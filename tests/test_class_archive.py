@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import why_it_failed
-from rulewatch.spark import class_archive
-from rulewatch.spark.jars import java_binary
-from rulewatch.spark.session import JAVA_OPTIONS, collector_option, driver_java_options
+from rulewatch.spark.runtime import class_archive
+from rulewatch.spark.runtime.env import JAVA_OPTIONS, collector_option, java_binary
+from rulewatch.spark.runtime.session import driver_java_options
 
 pytestmark = pytest.mark.jvm
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rulewatch.cli.main import main
-from rulewatch.spark.commands import as_utc, clear_point_problem, future_clear_point, utc_text
+from rulewatch.spark.control.commands import as_utc, clear_point_problem, future_clear_point, utc_text
 
 NOW = datetime(2026, 11, 2, 12, 0, tzinfo=timezone.utc)
 OLDEST = datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc)
@@ -73,9 +73,9 @@ def test_a_time_without_a_zone_is_utc_as_in_silver():
     ids=["no zone", "offset"],
 )
 def test_the_command_refuses_a_future_time_before_spark_starts(tmp_path, capsys, monkeypatch, before, shown):
-    import rulewatch.spark.session
+    import rulewatch.spark.runtime.session
 
-    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
     code = main(["rules", "clear-state", "--lakehouse", str(tmp_path / "lh"), "--rule", "1", "--before", before])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"rulewatch: --before {shown} is in the future (now: ")
@@ -83,9 +83,9 @@ def test_the_command_refuses_a_future_time_before_spark_starts(tmp_path, capsys,
 
 
 def test_a_tolerance_that_is_no_duration_stops_the_command_naming_the_variable(tmp_path, capsys, monkeypatch):
-    import rulewatch.spark.session
+    import rulewatch.spark.runtime.session
 
-    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
     monkeypatch.setenv("RULEWATCH_FUTURE_TOLERANCE", "five minutes")
     code = main(["rules", "clear-state", "--lakehouse", str(tmp_path / "lh"), "--rule", "1", "--before", "2999-01-01T00:00:00"])
     err = capsys.readouterr().err
@@ -95,11 +95,12 @@ def test_a_tolerance_that_is_no_duration_stops_the_command_naming_the_variable(t
 
 def test_clear_state_refuses_on_spark_what_would_switch_a_rule_off(spark, tmp_path, capsys):
     from rulewatch.engine.rules import parse_rule
-    from rulewatch.spark import schema, tables
-    from rulewatch.spark.commands import _aggregated_range, _logged_range, event_time_range
-    from rulewatch.spark.lakehouse import Lakehouse, table_ref
-    from rulewatch.spark.rules_table import apply_rules
-    from rulewatch.spark.silver import ensure_silver_tables
+    from rulewatch.spark.storage import schema
+    from rulewatch.spark.storage import tables
+    from rulewatch.spark.control.commands import _aggregated_range, _logged_range, event_time_range
+    from rulewatch.spark.storage.lakehouse import Lakehouse, table_ref
+    from rulewatch.spark.control.rules_table import apply_rules
+    from rulewatch.spark.layers.silver import ensure_silver_tables
 
     lakehouse = Lakehouse(str(tmp_path / "lh"))
 

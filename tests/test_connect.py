@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT, why_it_failed
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import PENDING
-from rulewatch.spark.session import LOCAL_CONNECT_PORT
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import PENDING
+from rulewatch.spark.runtime.session import LOCAL_CONNECT_PORT
 from test_crash import metrics_commits
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess]
@@ -102,7 +102,7 @@ def test_another_thread_of_the_process_gets_its_local_connect_session():
     # finds none and builds again, and must reach the server this process holds port 15002 with.
     script = (
         "import threading\n"
-        "from rulewatch.spark.session import get_spark\n"
+        "from rulewatch.spark.runtime.session import get_spark\n"
         "assert get_spark().range(3).count() == 3\n"
         "seen = []\n"
         "thread = threading.Thread(target=lambda: seen.append(get_spark().range(2).count()))\n"

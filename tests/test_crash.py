@@ -2,9 +2,9 @@
 
 One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over two landed files. Each
 attempt but the last per file is killed: at fixed points inside the idempotent writes (the
-``RULEWATCH_CRASH_AT`` hook in spark/sinks.py, including between two gold tables of one micro-batch)
+``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py, including between two gold tables of one micro-batch)
 and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
-the same files. The checkpoint checks (spark/checkpoints.py) are tested on copies of the crashed lakehouse.
+the same files. The checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
 from rulewatch.cli.main import main
-from rulewatch.spark.checkpoints import CheckpointError, check_queries, last_planned_batch
-from rulewatch.spark.delta_log import committed_batches, sink_batches
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import PENDING
-from rulewatch.spark.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
-from rulewatch.spark.sinks import CRASH_AT_ENV, append_once
-from rulewatch.spark.tables import ensure_table
+from rulewatch.spark.storage.checkpoints import CheckpointError, check_queries, last_planned_batch
+from rulewatch.spark.storage.delta_log import committed_batches, sink_batches
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import PENDING
+from rulewatch.spark.layers.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
+from rulewatch.spark.storage.sinks import CRASH_AT_ENV, append_once
+from rulewatch.spark.storage.tables import ensure_table
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
 

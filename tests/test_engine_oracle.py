@@ -33,12 +33,12 @@ from rulewatch.engine.engine import (  # noqa: E402
     KEY_SEPARATOR,
     MAX_REPORTED_VALUES,
     MAX_SPAN_MS,
-    RuleBook,
     decode_history,
     evaluate_batch,
     key_expiries,
     state_key,
 )
+from rulewatch.engine.book import RuleBook  # noqa: E402
 from rulewatch.engine.rules import Aggregator  # noqa: E402
 from rulewatch.engine.windows import WindowAggregates, decimal_texts, to_decimal  # noqa: E402
 

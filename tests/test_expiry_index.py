@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from rulewatch.engine.engine import KEY_SEPARATOR
 from rulewatch.engine.windows import MAX_SPAN_MS
-from rulewatch.spark.evaluator import expiry_buckets, settle_expiry
+from rulewatch.spark.evaluator.shard import expiry_buckets, settle_expiry
 
 KEYSETS = {"payeeId": 60_000, "userId": 900_000}
 

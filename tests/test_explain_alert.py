@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from pyspark.sql import functions as F
 
-from rulewatch.spark.explore import explain_alert, pick_alert_id
+from rulewatch.spark.present.explore import explain_alert, pick_alert_id
 
 
 def _alert_id(spark, lakehouse, transaction_id: str) -> str:

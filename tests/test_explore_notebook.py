@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT, cell_text
 from rulewatch.cli.jobs import notebook_client
-from rulewatch.spark.widgets import widget_env
+from rulewatch.spark.present.widgets import widget_env
 
 NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
 

@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from rulewatch.spark.generate import PATTERNS, Generator, GeneratorConfig, group_key, read_labels, run
-from rulewatch.spark.silver import DEFAULT_PAYMENT_TYPES
+from rulewatch.spark.live.generate import PATTERNS, Generator, GeneratorConfig, group_key, read_labels, run
+from rulewatch.spark.layers.silver import DEFAULT_PAYMENT_TYPES
 
 
 def ticks(config: GeneratorConfig, step: float = 0.2) -> tuple[list[dict], list]:

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import FIXTURES
 from rulewatch.cli.main import main
-from rulewatch.spark.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
+from rulewatch.spark.storage.lakehouse import Lakehouse
 from test_crash import RULES
 
 

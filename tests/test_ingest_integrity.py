@@ -19,12 +19,12 @@ from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from conftest import bronze_frame
-from rulewatch.spark import bronze
-from rulewatch.spark.gold import GoldSettings
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import Recorder
-from rulewatch.spark.landing import FILES_READ, LandingError, audit, check_landing, links, local_path, scan
-from rulewatch.spark.pipeline import ensure_all_tables, run_all
+from rulewatch.spark.layers import bronze
+from rulewatch.spark.layers.gold import GoldSettings
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import Recorder
+from rulewatch.spark.layers.landing import FILES_READ, LandingError, audit, check_landing, links, local_path, scan
+from rulewatch.spark.layers.pipeline import ensure_all_tables, run_all
 
 RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
         "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": 20, "windowMinutes": 60}  # fmt: skip

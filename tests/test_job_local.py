@@ -15,7 +15,7 @@ from chispa import assert_df_equality
 from conftest import FIXTURES, ROOT
 from rulewatch.cli.main import main
 from rulewatch.cli.jobs import JobError, JobRunFailed, load_bundle, run_job_locally, task_order, task_parameters
-from rulewatch.spark.checkpoints import GOLD_LAYOUT
+from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT
 
 
 @pytest.mark.jvm
@@ -100,7 +100,7 @@ def write_bundle(root: Path, jobs: dict, variables: dict | None = None) -> Path:
 RECORD = """\
 import json, os
 from pathlib import Path
-from rulewatch.spark.widgets import widget
+from rulewatch.spark.present.widgets import widget
 out = Path(widget("lakehouse"))
 out.mkdir(parents=True, exist_ok=True)
 (out / "{name}.json").write_text(json.dumps({{"greeting": widget("greeting"), "cwd": os.getcwd()}}))
@@ -142,7 +142,7 @@ def failing_bundle(tmp_path) -> Path:
     )
     for name in ["first", "after", "last", "sibling"]:
         _notebook(root / "notebooks" / f"record_{name}.ipynb", RECORD.format(name=name))
-    _notebook(root / "notebooks" / "boom.ipynb", 'from rulewatch.spark.widgets import widget\nraise ValueError(f"boom at {widget(\'greeting\')}")')
+    _notebook(root / "notebooks" / "boom.ipynb", 'from rulewatch.spark.present.widgets import widget\nraise ValueError(f"boom at {widget(\'greeting\')}")')
     return root
 
 
@@ -244,7 +244,7 @@ def test_unknown_overrides_are_rejected(tmp_path):
 @pytest.mark.slow
 def test_a_job_run_without_an_active_rule_ends_with_the_warning(tmp_path, capsys):
     """Every task succeeds, yet nothing could alert: the job's output must say so, last."""
-    from rulewatch.spark.pipeline import NO_RULES_WARNING
+    from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
 
     paused = [{**json.loads((FIXTURES / "rules.json").read_text())[0], "ruleState": "PAUSE"}]
     (tmp_path / "rules.json").write_text(json.dumps(paused))

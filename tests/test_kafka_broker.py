@@ -125,7 +125,7 @@ def test_a_malformed_bootstrap_is_refused_naming_it(bootstrap):
 def test_generate_produces_labelled_traffic_to_a_topic(tmp_path, kafka_broker, capsys):
     import json
 
-    from rulewatch.spark.generate import read_labels
+    from rulewatch.spark.live.generate import read_labels
 
     topic = KafkaTopic(kafka_broker, "generated")
     ensure_topic(topic)
@@ -149,3 +149,20 @@ def test_a_cluster_id_starting_with_a_dash_still_formats_the_storage(tmp_path, m
         assert broker.running(tmp_path) == started
     finally:
         broker.stop(tmp_path)
+
+
+def test_kafka_alerts_prints_the_topics_alerts_and_stops_after_max_or_when_idle(kafka_broker, capsys):
+    import json
+
+    topic = KafkaTopic(kafka_broker, f"alerts-{uuid.uuid4().hex[:8]}")
+    ensure_topic(topic, partitions=1)
+    values = [json.dumps({"alert_id": f"a{i}", "rule_id": 1, "group_key": "payee-Ä"}, ensure_ascii=False) for i in range(3)]
+    send_all(topic, values)
+    follow = ["kafka", "alerts", "--bootstrap", kafka_broker, "--topic", topic.topic, "--from-beginning"]
+    assert main([*follow, "--max", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == values[:2]
+    assert main([*follow, "--idle", "3"]) == 0  # every alert the topic holds, then three quiet seconds
+    shown = capsys.readouterr()
+    assert shown.out.splitlines() == values and shown.err.endswith("rulewatch kafka alerts: 3 alert(s)\n")
+    assert main(["kafka", "alerts", "--bootstrap", kafka_broker, "--topic", topic.topic, "--idle", "2"]) == 0  # only new ones: none
+    assert capsys.readouterr().out == ""

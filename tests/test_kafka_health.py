@@ -68,7 +68,7 @@ def test_a_mistyped_topic_is_refused_and_binds_nothing(kafka_broker, tmp_path, c
 @pytest.mark.slow
 def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(spark, tmp_path, capsys):
     """A broker of its own, stopped for ~15 s once the stream has ingested its first records, then started again."""
-    from rulewatch.spark.lakehouse import Lakehouse
+    from rulewatch.spark.storage.lakehouse import Lakehouse
 
     folder = tmp_path / "kafka"
     first = broker.start(folder)

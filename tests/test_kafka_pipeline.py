@@ -18,12 +18,12 @@ from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT, consume_all
 from rulewatch.cli.jobs import SharedKernel
-from rulewatch.spark.gold import GoldSettings
+from rulewatch.spark.layers.gold import GoldSettings
 from rulewatch.kafka.client import KafkaTopic, ensure_topic, spark_options
 from rulewatch.kafka.produce import TopicWriter, send_all
 from rulewatch.kafka.source import KafkaSource
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.pipeline import run_all, run_bronze
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.pipeline import run_all, run_bronze
 from test_crash import PROCESSING_COLUMNS, RULES, attempt, finish
 
 pytestmark = [pytest.mark.jvm, pytest.mark.kafka]
@@ -173,8 +173,8 @@ def test_kill_and_restart_over_kafka_loses_no_alert_and_duplicates_none_in_delta
 
 
 def test_a_lakehouse_that_ingests_a_folder_refuses_a_topic(spark, fixture_run, transactions_topic):
-    from rulewatch.spark.bronze import check_source
-    from rulewatch.spark.landing import LandingError
+    from rulewatch.spark.layers.bronze import check_source
+    from rulewatch.spark.layers.landing import LandingError
 
     with pytest.raises(LandingError, match=f"ingests the landing folder .*, not Kafka topic {transactions_topic.topic}"):
         check_source(fixture_run.lakehouse, KafkaSource(transactions_topic))

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 def test_group_keys_of_different_values_never_collide(spark):
     """("a|b", "c") and ("a", "b|c") joined naively would both be "a|b|c"."""
-    from rulewatch.spark.keying import fan_out
+    from rulewatch.spark.evaluator.keying import fan_out
 
     events = spark.createDataFrame(
         [("t1", "a|b", "c"), ("t2", "a", "b|c"), ("t3", "a\\", "|c")], "transaction_id string, payee_id string, beneficiary_id string"
@@ -28,8 +28,8 @@ def test_every_event_is_routed_once_per_keyset_it_has_all_fields_of(spark):
     keyset longer than the fields there are (an invalid rule's: a field named twice) routes nothing."""
     from decimal import Decimal
 
-    from rulewatch.spark.keying import fan_out
-    from rulewatch.spark.schema import FIELD_COLUMNS
+    from rulewatch.spark.evaluator.keying import fan_out
+    from rulewatch.spark.storage.schema import FIELD_COLUMNS
 
     rng = random.Random(7)
     values = ["a", "b|c", "d\\", "", None]

@@ -11,12 +11,14 @@ from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
-from rulewatch.spark.checkpoints import CheckpointError, check_queries
-from rulewatch.spark.generate import GeneratorConfig, Label
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.gold import ensure_gold_tables
-from rulewatch.spark.live import DEMO_RULES, Alert, AlertFeed, LayerProgress, LiveSettings, Monitor, _alert_line, demo, score
-from rulewatch.spark.rules_table import apply_rules_file
+from rulewatch.spark.storage.checkpoints import CheckpointError, check_queries
+from rulewatch.spark.live.generate import GeneratorConfig, Label
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.gold import ensure_gold_tables
+from rulewatch.spark.live.demo import DEMO_RULES, demo, score
+from rulewatch.spark.live.monitor import Alert, AlertFeed, LayerProgress, Monitor, _alert_line
+from rulewatch.spark.live.streams import LiveSettings
+from rulewatch.spark.control.rules_table import apply_rules_file
 
 
 def alert(rule_id: int, key: str, decided: int = 5_000) -> Alert:
@@ -129,6 +131,9 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
     assert change.applied.batch_id <= change.evaluated.batch_id
     assert change.committed_ms < change.applied.end_ms <= change.evaluated.end_ms < change.committed_ms + 240_000
     assert any(line.startswith(f"rule change -> evaluator: rule {change.rule_id} edited") for line in first.lines())
+    # The stream said when gold took the edit, as it says every new config/rules commit it runs.
+    said = [line for entry in lines for line in entry.splitlines() if line.startswith("rules: gold now evaluates config/rules version ")]
+    assert f"config/rules version {change.version} (" in "\n".join(said) and len(said) >= 2, "\n".join(lines)
     edited = spark.read.format("delta").load(lakehouse.rules).where(F.col("ruleId") == change.rule_id).first()
     assert edited.description.endswith("]") and "[edited live " in edited.description
 
@@ -162,7 +167,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
 def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, tmp_path, kafka_broker):
     from conftest import consume_all
 
-    from rulewatch.spark.gold import GoldSettings
+    from rulewatch.spark.layers.gold import GoldSettings
     from rulewatch.kafka.client import KafkaTopic
     from rulewatch.kafka.source import KafkaSource
 

@@ -23,12 +23,12 @@ import pytest
 
 from conftest import consume_all
 from rulewatch.cli.main import main
-from rulewatch.spark.checkpoints import last_planned_batch
+from rulewatch.spark.storage.checkpoints import last_planned_batch
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import PENDING
-from rulewatch.spark.pipeline import run_all, summarize
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import PENDING
+from rulewatch.spark.layers.pipeline import run_all, summarize
 from test_crash import RULES, _alerts, _files, _land, run_cli
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]

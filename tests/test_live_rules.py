@@ -8,14 +8,14 @@ from decimal import Decimal
 import pytest
 from pyspark.sql import functions as F
 
-from rulewatch.spark import schema
+from rulewatch.spark.storage import schema
 from rulewatch.cli.main import main
-from rulewatch.spark.gold import GoldSettings, start_gold
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.layers.gold import GoldSettings, start_gold
+from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
-from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.silver import ensure_silver_tables
-from rulewatch.spark.tables import table_ref
+from rulewatch.spark.control.rules_table import apply_rules
+from rulewatch.spark.layers.silver import ensure_silver_tables
+from rulewatch.spark.storage.tables import table_ref
 
 T0 = datetime(2026, 11, 1, 10, 0, 0)
 RULE = {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",

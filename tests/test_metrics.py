@@ -11,16 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from rulewatch.spark.checkpoints import check_queries
-from rulewatch.spark.delta_log import committed_batches
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import (
+from rulewatch.spark.storage.checkpoints import check_queries
+from rulewatch.spark.storage.delta_log import committed_batches
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import (
     PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
-from rulewatch.spark.pipeline import metrics_gathered
-from rulewatch.spark.session import foreach_batch_runs_here
-from rulewatch.spark.sinks import history_batches, per_run
-from rulewatch.spark.tables import read
+from rulewatch.spark.layers.pipeline import metrics_gathered
+from rulewatch.spark.runtime.session import foreach_batch_runs_here
+from rulewatch.spark.storage.sinks import history_batches, per_run
+from rulewatch.spark.storage.tables import read
 
 
 def test_nearest_rank_percentiles_are_observed_values():

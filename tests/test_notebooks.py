@@ -14,8 +14,9 @@ import pytest
 
 from conftest import ROOT, cell_text
 from rulewatch.cli.jobs import SharedKernel
-from rulewatch.spark.pipeline import NO_RULES_WARNING
-from rulewatch.spark.widgets import int_widget, repository_root, resolve_path
+from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
+from rulewatch.spark.runtime.env import repository_root
+from rulewatch.spark.present.widgets import int_widget, resolve_path
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -80,10 +81,10 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
     assert len(NOTEBOOKS) == 6 and len(set(first.values())) == 1, first
     root = _checkout(tmp_path)
     # An interpreter that cannot import rulewatch at all: no site-packages (-S), no PYTHONPATH (-I).
-    probe = next(iter(first.values())) + "\nimport rulewatch.spark.lakehouse\nprint(rulewatch.spark.lakehouse.__file__)"
+    probe = next(iter(first.values())) + "\nimport rulewatch.spark.storage.lakehouse\nprint(rulewatch.spark.storage.lakehouse.__file__)"
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=root / "notebooks", capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "spark" / "lakehouse.py")
+    assert done.stdout.strip() == str(root.resolve() / "src" / "rulewatch" / "spark" / "storage" / "lakehouse.py")
 
 
 @pytest.mark.slow
@@ -126,8 +127,8 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(ke
 @pytest.mark.jvm
 @pytest.mark.notebook
 def test_the_gold_notebook_warns_when_no_rule_is_active(spark, kernel, tmp_path):
-    from rulewatch.spark.lakehouse import Lakehouse
-    from rulewatch.spark.pipeline import ensure_all_tables
+    from rulewatch.spark.storage.lakehouse import Lakehouse
+    from rulewatch.spark.layers.pipeline import ensure_all_tables
 
     root = _checkout(tmp_path)
     ensure_all_tables(spark, Lakehouse(str(root / "empty")))

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from conftest import FIXTURES, ROOT, why_it_failed
-from rulewatch.cli import jobs
+from rulewatch.cli import jobs, kafka_cli
 from rulewatch.cli.main import build_parser, main
-from rulewatch.spark.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
-from rulewatch.spark.settings import GoldSettings
+from rulewatch.spark.storage.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
+from rulewatch.spark.evaluator.settings import GoldSettings
 
 
 def test_a_second_run_on_a_busy_lakehouse_fails_fast_with_a_clear_message(tmp_path):
@@ -55,7 +55,7 @@ def test_the_lock_is_released_after_a_run(tmp_path):
 )  # fmt: skip
 def test_the_lock_names_its_command_and_rules_apply_says_when_the_holder_takes_a_change(tmp_path, command, when):
     from rulewatch.cli.rules_cli import running_notice
-    from rulewatch.spark.lakehouse import lock_holder
+    from rulewatch.spark.storage.lakehouse import lock_holder
 
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     assert lock_holder(lakehouse) is None  # no lock file yet
@@ -68,7 +68,7 @@ def test_the_lock_names_its_command_and_rules_apply_says_when_the_holder_takes_a
 
 def test_rules_apply_prints_the_notice_only_while_a_run_holds_the_lakehouse(tmp_path, capsys, monkeypatch):
     from rulewatch.cli import rules_cli
-    from rulewatch.spark import rules_table
+    from rulewatch.spark.control import rules_table
 
     monkeypatch.setattr(rules_cli, "_spark_and_lakehouse", lambda args: (None, Lakehouse(args.lakehouse)))
     changes = {"updated": [rules_table.RuleChange(1, "updated")], "unchanged": [rules_table.RuleChange(1, "unchanged")]}
@@ -201,6 +201,40 @@ def test_bad_values_end_in_one_line_from_the_parser(tmp_path, capsys, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "--lakehose", "L", "--landing", "in"], "unknown flag --lakehose (did you mean --lakehouse?)"),
+        (["rules", "apply", "f.json", "--lakehouse", "L", "--updated-bye", "me"], "unknown flag --updated-bye (did you mean --updated-by?)"),
+        (["stream", "--lakehouse", "L", "--no-such-thing=1"], "unknown flag --no-such-thing"),
+    ],
+    ids=["hides a required flag", "a subcommand's flag", "no close flag"],
+)
+def test_a_mistyped_flag_is_named_before_anything_else(capsys, argv, said):
+    code, err = cli(argv, capsys)
+    prog = "rulewatch " + " ".join(argv[:2] if argv[0] == "rules" else argv[:1])
+    assert (code, err) == (2, f"{prog}: error: {said} (see {prog} --help)\n")
+
+
+def test_flags_still_work_abbreviated_and_values_that_look_like_flags_are_values(capsys):
+    parse = build_parser().parse_args
+    assert parse(["run", "--lake", "L", "--landing", "in"]).lakehouse == "L"
+    assert parse(["rules", "apply", "--lakehouse", "L", "--", "--odd-name.json"]).file == "--odd-name.json"
+    assert parse(["sql", "--lakehouse", "L", "-e", "-- a comment\nSELECT 1"]).execute == ["-- a comment\nSELECT 1"]
+    code, err = cli(["run", "--kafka", "t", "--lakehouse", "L", "--landing", "in"], capsys)  # ambiguous: argparse says so
+    assert code == 2 and "ambiguous option: --kafka could match" in err
+
+
+def test_generate_offers_the_kafka_flags_of_a_sender(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--kafka-topic KAFKA_TOPIC send the transactions to this topic" in shown
+    assert "--kafka-starting-offsets" not in shown and "--kafka-max-offsets" not in shown and "read transactions" not in shown
+    args = build_parser().parse_args(["generate", "--kafka-bootstrap", "127.0.0.1:9", "--kafka-topic", "t"])
+    assert kafka_cli.source(args).topic.topic == "t"
+
+
 def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
     assert build_parser().parse_args(["run", "--lakehouse", "L", "--transactions", "in"]).landing == "in"
     with pytest.raises(SystemExit):
@@ -210,7 +244,7 @@ def test_transactions_is_still_accepted_as_the_landing_folder(capsys):
 
 
 def test_metrics_every_and_the_layout_reach_the_live_settings(tmp_path):
-    from rulewatch.spark.live import _settings
+    from rulewatch.cli.live_cli import _settings
 
     new = Lakehouse(str(tmp_path))  # no gold checkpoint: GoldSettings' defaults, as for every command
     for command in ("stream", "demo"):
@@ -309,9 +343,9 @@ def test_a_bad_rules_file_is_refused_before_spark(tmp_path, capsys, content):
 
 @pytest.mark.parametrize("command", ["rules apply", "run --rules"])
 def test_a_rules_file_that_is_a_fifo_is_refused_at_once(tmp_path, capsys, monkeypatch, command):
-    import rulewatch.spark.session
+    import rulewatch.spark.runtime.session
 
-    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
     fifo = tmp_path / "rules.json"
     os.mkfifo(fifo)
     args = {
@@ -337,9 +371,9 @@ def test_a_rules_file_that_is_a_fifo_is_refused_at_once(tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("command", ["stream", "demo"])
 def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys, monkeypatch, command):
-    import rulewatch.spark.session
+    import rulewatch.spark.runtime.session
 
-    monkeypatch.setattr(rulewatch.spark.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
     bad, missing = tmp_path / "bad.json", tmp_path / "missing.json"
     rule = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeId"], "aggregateFieldName": "paymentAmount",
             "aggregatorFunctionType": "SUMM", "limitOperatorType": "GREATER", "limit": 5, "windowMinutes": 5}  # fmt: skip
@@ -354,7 +388,7 @@ def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys,
 
 
 def test_a_run_without_an_active_rule_warns_first():
-    from rulewatch.spark.pipeline import NO_RULES_WARNING, Summary
+    from rulewatch.spark.layers.pipeline import NO_RULES_WARNING, Summary
 
     quiet = Summary(bronze=3, silver=3, quarantined=0, duplicates=0, alerts=0, late=0, active_rules=0)
     assert quiet.lines()[0] == NO_RULES_WARNING and "active rules     0" in quiet.lines()
@@ -395,7 +429,7 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
 @pytest.mark.slow
 def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
     # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
-    # JVM's stderr at every query start; spark/session.py filters those lines (and other JVM noise) out of the user's terminal.
+    # JVM's stderr at every query start; spark/runtime/session.py filters those lines (and other JVM noise) out of the user's terminal.
     command = [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lh"),
                "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}

@@ -1,4 +1,4 @@
-"""Packing events per shard (spark/packing.py): every event reaches its own shard's evaluator call, once."""
+"""Packing events per shard (spark/evaluator/packing.py): every event reaches its own shard's evaluator call, once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rulewatch.spark.packing import PACKED_COLUMN, pack_batches, unpack
+from rulewatch.spark.evaluator.packing import PACKED_COLUMN, pack_batches, unpack
 
 # Integer columns with nulls arrive as float64, as from pyspark: exact up to 2**53 (event times in ms are ~2**41).
 rows_st = st.lists(

@@ -16,13 +16,13 @@ from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, St
 
 from conftest import FIXTURES, run_fixture_pipeline
 from rulewatch.engine.rules import parse_rule
-from rulewatch.spark import schema
-from rulewatch.spark.checkpoints import delta_version_read
-from rulewatch.spark.delta_log import actions, live_files
-from rulewatch.spark.gold import GoldSettings
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.pipeline import Summary, _counted_from_files, run_all, summarize
-from rulewatch.spark.rules_table import apply_rules
+from rulewatch.spark.storage import schema
+from rulewatch.spark.storage.checkpoints import delta_version_read
+from rulewatch.spark.storage.delta_log import actions, live_files
+from rulewatch.spark.layers.gold import GoldSettings
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.pipeline import Summary, _counted_from_files, run_all, summarize
+from rulewatch.spark.control.rules_table import apply_rules
 
 ALERT_KEY = StructType([
     StructField("rule_id", IntegerType(), False),
@@ -133,7 +133,7 @@ def test_window_metrics_keep_the_keys_near_a_limit_and_count_every_key(spark, fi
 
 def test_rerun_continues_from_checkpoints(spark, tmp_path):
     """A second run only processes new files: new alerts appear, nothing is re-emitted or lost."""
-    from rulewatch.spark.pipeline import run_all
+    from rulewatch.spark.layers.pipeline import run_all
 
     run = run_fixture_pipeline(spark, tmp_path)
     lakehouse = run.lakehouse
@@ -187,7 +187,7 @@ def test_pipeline_metrics_account_for_every_batch_of_every_layer(spark, fixture_
 
 
 def test_latest_alerts_are_the_newest_by_event_time_in_reading_order(spark, fixture_run):
-    from rulewatch.spark.pipeline import latest_alerts
+    from rulewatch.spark.layers.pipeline import latest_alerts
 
     every = spark.read.format("delta").load(fixture_run.lakehouse.alerts).orderBy("event_time", "rule_id", "transaction_id").collect()
     assert len(every) > 3
@@ -235,8 +235,8 @@ def test_a_table_whose_rows_the_files_alone_do_not_give_is_left_to_spark(spark, 
 def test_a_rules_change_during_a_run_leaves_the_summary_counting_what_gold_evaluated_with(spark, tmp_path, monkeypatch):
     """A change committed before gold starts is evaluated with; one committed while gold runs is not, even
     by its later batches (availableNow: the rules as they were when it started), and the summary says so."""
-    from rulewatch.spark import gold
-    from rulewatch.spark.gold import GoldSettings
+    from rulewatch.spark.layers import gold
+    from rulewatch.spark.layers.gold import GoldSettings
 
     rules = {r["ruleId"]: r for r in json.loads((FIXTURES / "rules.json").read_text())}
     landing = tmp_path / "landing"
@@ -335,7 +335,7 @@ def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evalua
     """A run's gold evaluates the rules as they were when it started, in every batch; events must be routed to
     the keys those rules read, not to the table's newest version's: rule 3 (the only rule keyed by userId),
     deleted or regrouped while gold runs, fires exactly as if nothing changed, and the change applies next run."""
-    from rulewatch.spark import gold
+    from rulewatch.spark.layers import gold
 
     landing, reference = undisturbed
     later = spark.read.format("delta").load(reference.alerts).where("gold_batch_id > 0 AND rule_id = 3")

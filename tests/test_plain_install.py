@@ -90,7 +90,7 @@ def test_the_jobs_notebooks_need_neither_pyyaml_nor_databricks_sdk():
     rulewatch module the notebooks import must load without them (off Databricks, where widgets and
     secret scopes would use the runtime's own databricks-sdk)."""
     modules = sorted({m for nb in (ROOT / "notebooks").glob("*.ipynb") for m in re.findall(r"(?:from|import) (rulewatch[\w.]*)", nb.read_text())})
-    assert "rulewatch.spark.pipeline" in modules
+    assert "rulewatch.spark.layers.pipeline" in modules
     code = BLOCKED_RUN.split("sys.argv = ")[0] + "import importlib\nfor m in sys.argv[2:]: importlib.import_module(m)\n"
     done = subprocess.run([sys.executable, "-c", code, "yaml,databricks", *modules], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
                           capture_output=True, text=True, timeout=120)  # fmt: skip

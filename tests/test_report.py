@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from rulewatch.cli.main import main
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.report import _ticks, build_report, horizontal_bars, hourly_buckets, lines, stacked_bars, time_lines
+from rulewatch.spark.present.report import _ticks, build_report, horizontal_bars, hourly_buckets, lines, stacked_bars, time_lines
+from rulewatch.spark.storage.lakehouse import Lakehouse
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rulewatch.spark.report import PALETTE, build_report
+from rulewatch.spark.present.report import PALETTE, build_report
 
 pytestmark = [pytest.mark.jvm, pytest.mark.browser]
 

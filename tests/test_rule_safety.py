@@ -19,8 +19,8 @@ from pyspark.sql import functions as F
 
 from conftest import ROOT
 from rulewatch.cli.main import main
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.pipeline import run_all
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.layers.pipeline import run_all
 
 INJECTION = "x' OR '1'='1"
 DROP = "'; DROP TABLE delta.`{table}`; --"

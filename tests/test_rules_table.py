@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.engine.rules import RuleSetError, parse_rules
-from rulewatch.spark.rules_table import (
+from rulewatch.spark.control.rules_table import (
     apply_rules,
     apply_rules_file,
     export_rules,
@@ -24,7 +24,7 @@ from rulewatch.spark.rules_table import (
     rules_to_json_text,
     run_rule_history,
 )
-from rulewatch.spark.tables import table_ref
+from rulewatch.spark.storage.tables import table_ref
 
 FIXTURE_RULES = json.loads((FIXTURES / "rules.json").read_text())
 INJECTION = "x'); DROP TABLE rules; -- \" `ruleId` = 1 OR 1=1; DELETE FROM delta.`/tmp`"
@@ -232,7 +232,7 @@ def test_sql_edits_and_rule_history(spark, tmp_path):
 
 def export_after_apply(rules: list[dict]) -> list[dict]:
     """What config/rules holds for ``rules`` (the table's normal form), computed without Spark."""
-    from rulewatch.spark.rules_table import rule_row
+    from rulewatch.spark.control.rules_table import rule_row
 
     return [rule_row(rule) for rule in parse_rules(rules)]
 
@@ -375,7 +375,7 @@ MINE = [*edited(r1={"limit": 1200}, r4={"ruleState": "DELETE"}), {**FIXTURE_RULE
 
 @pytest.mark.parametrize("edit", CONCURRENT_EDITS.values(), ids=CONCURRENT_EDITS.keys())
 def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, tmp_path, monkeypatch, capsys, edit):
-    from rulewatch.spark import rules_table
+    from rulewatch.spark.control import rules_table
     from rulewatch.cli.main import main
 
     lh = Lakehouse(str(tmp_path / "lh"))
@@ -414,8 +414,8 @@ def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_p
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType
 
-    from rulewatch.spark import rules_table
-    from rulewatch.spark.rules_table import RulesConflict
+    from rulewatch.spark.control import rules_table
+    from rulewatch.spark.control.rules_table import RulesConflict
 
     lh = Lakehouse(str(tmp_path / "lh"))
     apply_rules_file(spark, lh, FIXTURES / "rules.json")
@@ -462,7 +462,7 @@ def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_p
 def test_two_applies_at_once_leave_one_file_whole(spark, tmp_path):
     import threading
 
-    from rulewatch.spark.rules_table import RulesConflict
+    from rulewatch.spark.control.rules_table import RulesConflict
 
     lh = Lakehouse(str(tmp_path / "lh"))
     apply_rules_file(spark, lh, FIXTURES / "rules.json")

@@ -14,7 +14,7 @@ from conftest import why_it_failed
 # A Delta append, then a streaming query with a checkpoint (offsets, commits) into another Delta table.
 WRITES = """
 import sys
-from rulewatch.spark.session import get_spark
+from rulewatch.spark.runtime.session import get_spark
 
 root = sys.argv[1]
 spark = get_spark("rulewatch-file-probe")
@@ -41,7 +41,7 @@ def _logging_command(folder, name: str, log) -> None:
 def test_commits_and_checkpoints_rename_without_a_readlink_process(tmp_path):
     # Hadoop's local file system runs `readlink` for every rename through its FileContext API (the
     # default for Spark's checkpoints and Delta's log on file paths), and `chmod` for every file it
-    # creates: a process each, ~3-5 ms on this machine (docs/benchmarks.md). The session's settings
+    # creates: a process each, ~3-5 ms on this machine (docs/journal/benchmarks.md). The session's settings
     # take the renames through the FileSystem API, which runs none; chmod is unavoidable without
     # Hadoop's native library, and its log shows the wrappers were on the path.
     folder = tmp_path / "bin"
@@ -62,7 +62,7 @@ def test_commits_and_checkpoints_rename_without_a_readlink_process(tmp_path):
     [(None, True), ("local[2]", True), ("sc://workspace:443", False)],  # a server elsewhere: its own classes
 )
 def test_the_file_settings_are_for_sessions_on_this_machine(remote, set_here):
-    from rulewatch.spark.session import local_file_confs
+    from rulewatch.spark.runtime.session import local_file_confs
 
     confs = local_file_confs(remote)
     assert ("spark.delta.logStore.file.impl" in confs) == set_here

@@ -39,7 +39,7 @@ def test_sparks_shuffle_puts_shard_i_in_partition_i_mod_partitions(spark, shards
     # A stateful operator's input is hash-partitioned by its grouping column, as repartition(n, column) is.
     from pyspark.sql import functions as F
 
-    from rulewatch.spark.keying import shard_label
+    from rulewatch.spark.evaluator.keying import shard_label
 
     placed = (
         spark.range(shards)

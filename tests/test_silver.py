@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.views import register_views
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.present.views import register_views
 from conftest import bronze_frame
-from rulewatch.spark.silver import DEDUP_HORIZON_ENV, MAX_LINE_BYTES, ensure_silver_tables, parse, write_classified
+from rulewatch.spark.layers.silver import DEDUP_HORIZON_ENV, MAX_LINE_BYTES, ensure_silver_tables, parse, write_classified
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip

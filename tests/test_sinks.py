@@ -12,11 +12,10 @@ from urllib.parse import urlparse
 import pytest
 from pyspark.util import disable_gc
 
-from rulewatch.spark.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
-from rulewatch.spark.metrics import metrics_sink
-from rulewatch.spark.rules_table import HISTORY_SINK
-from rulewatch.spark.sinks import append_once, history_batches, per_run, sink_name, together
-from rulewatch.spark.tables import ensure_table, read
+from rulewatch.spark.storage.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
+from rulewatch.spark.storage.metrics import metrics_sink
+from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, history_batches, per_run, sink_name, together
+from rulewatch.spark.storage.tables import ensure_table, read
 
 
 def test_sink_names_stay_what_existing_tables_and_the_crash_tests_name():

@@ -1,4 +1,4 @@
-"""Batched MapState access (spark/state_batch.py) against a stand-in state server on a real socket.
+"""Batched MapState access (spark/evaluator/state_batch.py) against a stand-in state server on a real socket.
 
 The stand-in answers like the JVM's: one request at a time, in order, each response written
 (blocking) before the next request is read. It records whether the next request had already
@@ -34,14 +34,16 @@ from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcesso
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from conftest import why_it_failed
-from rulewatch.spark import history, schema, state_batch
-from rulewatch.spark.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
-from rulewatch.spark.gold import GoldSettings, start_gold
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.evaluator import history
+from rulewatch.spark.storage import schema
+from rulewatch.spark.evaluator import state_batch
+from rulewatch.spark.evaluator.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
+from rulewatch.spark.layers.gold import GoldSettings, start_gold
+from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
-from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.silver import ensure_silver_tables
-from rulewatch.spark.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched_map, pipeline_requested
+from rulewatch.spark.control.rules_table import apply_rules
+from rulewatch.spark.layers.silver import ensure_silver_tables
+from rulewatch.spark.evaluator.state_batch import PIPELINE_ENV, PipelinedMap, PublicMap, batched_map, pipeline_requested
 
 KEY = StructType([StructField("key", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])
@@ -374,7 +376,7 @@ def test_a_shard_from_before_the_batch_layout_skips_keys_it_never_stored():
 def test_the_environment_switch_forces_the_public_path(monkeypatch):
     monkeypatch.setenv(PIPELINE_ENV, "0")
     assert not pipeline_requested()
-    from rulewatch.spark.processor import RuleProcessor
+    from rulewatch.spark.evaluator.processor import RuleProcessor
 
     assert RuleProcessor().state_pipeline is False
     monkeypatch.delenv(PIPELINE_ENV)
@@ -383,8 +385,8 @@ def test_the_environment_switch_forces_the_public_path(monkeypatch):
 
 def test_unpickling_the_processor_imports_neither_pandas_nor_numpy():
     # Spark unpickles it on the driver at every query start only to call init; the evaluator's
-    # imports would cost that start ~0.5 s (docs/benchmarks.md).
-    from rulewatch.spark.processor import RuleProcessor
+    # imports would cost that start ~0.5 s (docs/journal/benchmarks.md).
+    from rulewatch.spark.evaluator.processor import RuleProcessor
 
     pickled = pickle.dumps(RuleProcessor(60_000, 0, 1000))
     code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print(sorted({'pandas', 'numpy'} & set(sys.modules)))"
@@ -425,8 +427,8 @@ import tempfile
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
-from rulewatch.spark.session import get_spark
-from rulewatch.spark.state_batch import batched_map
+from rulewatch.spark.runtime.session import get_spark
+from rulewatch.spark.evaluator.state_batch import batched_map
 
 KEY = StructType([StructField("key", StringType())])
 BLOB = StructType([StructField("blob", BinaryType())])

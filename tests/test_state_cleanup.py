@@ -9,12 +9,12 @@ from decimal import Decimal
 import pytest
 
 from rulewatch.engine.engine import KEY_SEPARATOR
-from rulewatch.spark import schema
-from rulewatch.spark.gold import GoldSettings, start_gold
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.storage import schema
+from rulewatch.spark.layers.gold import GoldSettings, start_gold
+from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.engine.rules import parse_rule
-from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.silver import ensure_silver_tables
+from rulewatch.spark.control.rules_table import apply_rules
+from rulewatch.spark.layers.silver import ensure_silver_tables
 
 T0 = datetime(2026, 11, 1, 10)
 RULE = {"ruleId": 1, "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from rulewatch.spark.delta_log import whole_history_is_appends
-from rulewatch.spark.tables import ensure_table, read, read_stream
+from rulewatch.spark.storage.delta_log import whole_history_is_appends
+from rulewatch.spark.storage.tables import ensure_table, read, read_stream
 
 
 def _streamed_ids(spark, table: str, checkpoint: str, starting_version: int | None = None) -> list[int]:

@@ -16,9 +16,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT
-from rulewatch.spark.checkpoints import CheckpointError, check_queries
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.views import VIEW_NAMES
+from rulewatch.spark.storage.checkpoints import CheckpointError, check_queries
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.present.views import VIEW_NAMES
 
 TABLES = [name for name, value in vars(Lakehouse).items() if isinstance(value, property)]
 
@@ -84,9 +84,9 @@ def catalog_lakehouse(spark, tmp_path):
 def test_the_pipeline_on_catalog_tables_gives_the_fixture_alerts(spark, tmp_path, catalog_lakehouse, expected_alerts):
     import shutil
 
-    from rulewatch.spark.explore import explain_alert
-    from rulewatch.spark.pipeline import run_all
-    from rulewatch.spark.views import catalog_view_statements, register_views
+    from rulewatch.spark.present.explore import explain_alert
+    from rulewatch.spark.layers.pipeline import run_all
+    from rulewatch.spark.present.views import catalog_view_statements, register_views
 
     lakehouse = catalog_lakehouse
     landing = tmp_path / "landing"

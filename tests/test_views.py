@@ -18,9 +18,9 @@ import pytest
 from pyspark.sql import Row
 
 from conftest import ROOT
-from rulewatch.spark import schema
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.views import VIEW_NAMES, catalog_view_statements, register_views
+from rulewatch.spark.storage import schema
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.present.views import VIEW_NAMES, catalog_view_statements, register_views
 
 pytestmark = pytest.mark.jvm
 
@@ -376,7 +376,7 @@ GOLD_SCHEMAS = {"alerts": schema.ALERTS, "window_metrics": schema.WINDOW_METRICS
 @pytest.mark.parametrize("table", sorted(GOLD_SCHEMAS))
 def test_every_gold_column_is_described_in_the_table_itself(spark, fixture_run, table):
     undocumented = [f.name for f in GOLD_SCHEMAS[table].fields if not f.metadata.get("comment")]
-    assert not undocumented, f"spark/schema.py: gold/{table} columns without a comment: {undocumented}"
+    assert not undocumented, f"spark/storage/schema.py: gold/{table} columns without a comment: {undocumented}"
     stored = {f.name: f.metadata.get("comment") for f in spark.read.format("delta").load(fixture_run.lakehouse.table("gold", table)).schema}
     assert stored == {f.name: f.metadata["comment"] for f in GOLD_SCHEMAS[table].fields}
 
@@ -384,7 +384,7 @@ def test_every_gold_column_is_described_in_the_table_itself(spark, fixture_run, 
 def test_comments_with_quotes_and_backslashes_survive_table_creation(spark, tmp_path):
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from rulewatch.spark.tables import ensure_table
+    from rulewatch.spark.storage.tables import ensure_table
 
     text = "it's a \\ path; -- not SQL"
     path = str(tmp_path / "t")

@@ -11,11 +11,11 @@ from pyspark.sql import functions as F
 
 from rulewatch.engine.engine import OUTPUT_SCHEMA
 from rulewatch.engine.rules import parse_rule
-from rulewatch.spark import gold
-from rulewatch.spark.lakehouse import Lakehouse
-from rulewatch.spark.metrics import Recorder
-from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.views import register_views
+from rulewatch.spark.layers import gold
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.metrics import Recorder
+from rulewatch.spark.control.rules_table import apply_rules
+from rulewatch.spark.present.views import register_views
 
 # (rule_id, operator, limit, key, peak): the key's batch peak against the rule's limit.
 METRICS = [

@@ -1,5 +1,5 @@
-"""Local sessions' Python workers start from rulewatch's daemon (spark/worker_daemon.py), and every
-Python process Spark starts from its site folder (spark/worker_path.py): the installed pyspark
+"""Local sessions' Python workers start from rulewatch's daemon (spark/runtime/worker_daemon.py), and every
+Python process Spark starts from its site folder (spark/runtime/worker_path.py): the installed pyspark
 instead of Spark's zip of it, with the workers' imports done before the fork."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rulewatch.spark import worker_daemon, worker_path
+from rulewatch.spark.runtime import worker_daemon
+
+from rulewatch.spark.runtime import worker_path
 
 
 def _package(root: Path, name: str) -> None:
@@ -57,7 +59,7 @@ def test_which_sessions_start_workers_from_it(monkeypatch, remote, switch, expec
     else:
         monkeypatch.delenv("RULEWATCH_WORKER_DAEMON", raising=False)
     assert worker_daemon.applies(remote) is expected
-    assert worker_daemon.confs(expected) == ({"spark.python.daemon.module": "rulewatch.spark.worker_daemon"} if expected else {})
+    assert worker_daemon.confs(expected) == ({"spark.python.daemon.module": "rulewatch.spark.runtime.worker_daemon"} if expected else {})
 
 
 @pytest.mark.parametrize("previous", [None, "", "/somewhere/else"])
@@ -128,7 +130,9 @@ def test_workers_run_the_installed_pyspark_with_their_imports_frozen(spark):
 def _spark_archives_first() -> list[str]:
     """The entries Spark puts first on the path of every Python process it starts: its zips of pyspark
     and py4j, and its spark-core jar."""
-    home = Path(sys.modules["pyspark"].__file__).resolve().parent
+    import pyspark  # the Python package only (no JVM); not imported yet when this test runs first
+
+    home = Path(pyspark.__file__).resolve().parent
     return [str(p) for p in (*sorted((home / "python" / "lib").glob("*.zip")), *sorted((home / "jars").glob("spark-core_*.jar")))]
 
 
@@ -148,7 +152,7 @@ def test_a_process_started_with_the_site_folder_imports_the_installed_pyspark_an
     installed = str(Path(sys.modules["pyspark"].__file__).resolve())
     if with_site:
         # only the path module: Spark runs the daemon module with -m, which must find it not yet loaded
-        assert shown == [installed, "ran", "rulewatch,rulewatch.spark,rulewatch.spark.worker_path"]
+        assert shown == [installed, "ran", "rulewatch,rulewatch.spark,rulewatch.spark.runtime,rulewatch.spark.runtime.worker_path"]
     else:  # Spark's own path: pyspark from its zip
         assert ".zip" in shown[0] and shown[1:] == ["ran", "-"]
 

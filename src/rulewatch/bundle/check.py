@@ -37,7 +37,7 @@ from rulewatch.bundle.config import (
     references_in,
     target_names,
 )
-from rulewatch.spark.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse
 
 # The first CLI with dataset_catalog / dataset_schema on dashboards (databricks/cli pull request 4130).
 DASHBOARD_DATASET_DEFAULTS_CLI = (0, 281, 0)

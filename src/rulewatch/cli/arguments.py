@@ -9,14 +9,15 @@ imports Spark, Delta, pyarrow or the Databricks SDK: the parser is built for eve
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
 from typing import Any, Callable
 
-from rulewatch.spark.generate import GeneratorConfig
+from rulewatch.spark.live.generate import GeneratorConfig
 from rulewatch.engine.rules import MAX_RULE_ID
-from rulewatch.spark.settings import GoldSettings
+from rulewatch.spark.evaluator.settings import GoldSettings
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -68,10 +69,44 @@ def progress(command: str, step: str) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (the usage is one ``--help`` away)."""
+    """An ArgumentParser whose errors are one line (the usage is one ``--help`` away), and that names a
+    mistyped flag first: argparse would otherwise report the required flag it hides (``--lakehose x``
+    reads as "--lakehouse is required")."""
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        argv = sys.argv[1:] if args is None else list(args)
+        if not self._subparsers:  # a command's own parser: every flag it is given is one of its own
+            value_next = False
+            for token in argv:
+                if token == "--":
+                    break
+                if value_next or not token.startswith("-") or any(c.isspace() for c in token):
+                    value_next = False  # an option's value (even one like "-- comment"), or a positional
+                    continue
+                if not token.startswith("--"):  # a short option: -e VALUE, or -eVALUE
+                    short = self._option_string_actions.get(token[:2])
+                    value_next = short is not None and short.nargs != 0 and len(token) == 2
+                    continue
+                flag, _, given = token.partition("=")
+                action = self._action_of(flag)
+                if action is None:
+                    close = difflib.get_close_matches(flag, list(self._option_string_actions), n=1)
+                    self.error(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+                value_next = action is not ... and action.nargs != 0 and not given
+        return super().parse_known_args(args, namespace)
+
+    def _action_of(self, flag: str) -> Any:
+        """The action ``flag`` names (argparse also takes an unambiguous prefix: --lake for --lakehouse);
+        ``...`` for an ambiguous prefix, which argparse itself reports; None for no flag of this command."""
+        if flag in self._option_string_actions:
+            return self._option_string_actions[flag]
+        if not self.allow_abbrev:
+            return None
+        matches = {self._option_string_actions[f] for f in self._option_string_actions if f.startswith(flag)}
+        return matches.pop() if len(matches) == 1 else (... if matches else None)
 
 
 def _gold_setting(name: str, value: Any) -> None:
@@ -122,7 +157,7 @@ def layout_options(parser: argparse.ArgumentParser, state_slots_help: str) -> No
 def gold_layout(args: argparse.Namespace, checkpoint: str) -> dict[str, int]:
     """The shards and state layout ``args`` ask for, unset ones filled from gold's checkpoint; names the
     filled ones that differ from the defaults. Imports pyarrow: call it once a command runs."""
-    from rulewatch.spark.checkpoints import as_flags, gold_layout as resolved
+    from rulewatch.spark.storage.checkpoints import as_flags, gold_layout as resolved
 
     layout, recorded = resolved(checkpoint, {"shards": args.shards, "state_slots": args.state_slots}, GoldSettings().layout)
     if recorded:

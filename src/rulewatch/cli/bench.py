@@ -1,6 +1,6 @@
 """``rulewatch bench``: the evaluator against a stateless grouped pass-through on the same input.
 
-Both queries read the same silver Delta table with the same keying, packing (spark/packing.py) and shard
+Both queries read the same silver Delta table with the same keying, packing (spark/evaluator/packing.py) and shard
 grouping, in micro-batches of ``--batch-events``; the pass-through only unpacks each shard's events
 in Python and counts them, which is the floor any Python evaluator sits on. The ratio says how much the window math and
 state cost on top of that floor.
@@ -22,13 +22,15 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rulewatch.spark import schema, tables
-from rulewatch.spark.gold import SHUFFLE_PARTITIONS, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
-from rulewatch.spark.lakehouse import Lakehouse, write_whole
-from rulewatch.spark.packing import PACKED_COLUMN, pack, unpack
+from rulewatch.spark.storage import schema
+
+from rulewatch.spark.storage import tables
+from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
+from rulewatch.spark.storage.lakehouse import Lakehouse, write_whole
+from rulewatch.spark.evaluator.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.engine.rules import Rule, parse_rules
-from rulewatch.spark.rules_table import apply_rules
-from rulewatch.spark.silver import ensure_silver_tables
+from rulewatch.spark.control.rules_table import apply_rules
+from rulewatch.spark.layers.silver import ensure_silver_tables
 
 # Amounts are uniform in 1..5,000; with 10k payees over 24 h a limit of 12,500 fires on ~1.6% of
 # events (5,000: ~35%), closer to what fraud rules do. ``--limit`` changes it.
@@ -234,7 +236,8 @@ def scale_curve(window_events: list[int], keys: int = 100, batch_events: int = 5
     """Engine-only (no Spark): per-event cost of a 1 h SUM rule as its window fills with more
     events per key, exact vs bucketed. State round trips are per key, not per window event, so
     the engine is where window size shows. Each point fills one window, then times ``batches``."""
-    from rulewatch.engine.engine import RuleBook, decode_history, evaluate_batch
+    from rulewatch.engine.book import RuleBook
+    from rulewatch.engine.engine import decode_history, evaluate_batch
 
     hour = 3_600_000
     points = []
@@ -315,7 +318,7 @@ def bench_pipeline(
     stateless read-parse-shuffle of the same files measured in the same session; ``rounds`` times,
     each on a fresh lakehouse. The first round is what a job run in a new process pays; the later ones
     run in a JVM whose JIT has compiled the job's code (a long-lived cluster's, or a stream's)."""
-    from rulewatch.spark.pipeline import run_bronze, run_gold, run_silver
+    from rulewatch.spark.layers.pipeline import run_bronze, run_gold, run_silver
 
     root = workdir or tempfile.mkdtemp(prefix="rulewatch-pipeline-bench-")
     shutil.rmtree(root, ignore_errors=True)
@@ -341,7 +344,7 @@ def _quiet(_: str) -> None:
 
 
 def _pipeline_round(spark: SparkSession, root: str, landing: str, events: int, rules: list[Rule], settings: GoldSettings) -> PipelineResult:
-    from rulewatch.spark.pipeline import metrics_gathered, run_bronze, run_gold, run_silver
+    from rulewatch.spark.layers.pipeline import metrics_gathered, run_bronze, run_gold, run_silver
 
     raw = spark.readStream.format("text").load(landing)
     parsed = raw.select(F.from_json("value", schema.RAW_SCHEMA).alias("j")).select("j.*")

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.bundle.config import BundleError, Identity, load_config
-from rulewatch.spark.lakehouse import Lakehouse, exclusive
-from rulewatch.spark.settings import GoldSettings
-from rulewatch.cli.remote import DEFAULT_JOB
-from rulewatch.spark.widgets import repository_root, widget_env
+from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
+from rulewatch.spark.evaluator.settings import GoldSettings
+from rulewatch.spark.runtime.env import repository_root
+from rulewatch.spark.present.widgets import widget_env
 
 Log = Callable[[str], None]
 

@@ -9,23 +9,22 @@ from pathlib import Path
 # Only modules free of Spark, Delta, pyarrow and the Databricks SDK: the parser is built for every command
 # (the heavy ones load when their command runs, through arguments.command).
 from rulewatch.cli import arguments
-from rulewatch.kafka import arguments as kafka_arguments
-from rulewatch.kafka.cli import add_cli as add_kafka_cli
-from rulewatch.cli.remote import DEFAULT_JOB
+from rulewatch.cli import kafka_cli
+from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
-from rulewatch.spark.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
+from rulewatch.spark.evaluator.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rulewatch.spark.gold import GoldSettings  # first: without pyspark, the error names the extra to install
-    from rulewatch.spark.checkpoints import check_gold_layout
-    from rulewatch.spark.lakehouse import Lakehouse, exclusive
-    from rulewatch.spark.pipeline import latest_alerts, run_all
-    from rulewatch.spark.session import get_spark
+    from rulewatch.spark.layers.gold import GoldSettings  # first: without pyspark, the error names the extra to install
+    from rulewatch.spark.storage.checkpoints import check_gold_layout
+    from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
+    from rulewatch.spark.layers.pipeline import latest_alerts, run_all
+    from rulewatch.spark.runtime.session import get_spark
 
-    source = kafka_arguments.source(args)
+    source = kafka_cli.source(args)
     if bool(source) == bool(args.landing):
         print("rulewatch: give the transactions either as --landing FOLDER or as --kafka-topic TOPIC (with --kafka-bootstrap)", file=sys.stderr)
         return 2
@@ -48,7 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = GoldSettings(
         **arguments.gold_layout(args, lakehouse.checkpoint("gold")),
         allowed_lateness=args.allowed_lateness,
-        alerts_topic=kafka_arguments.alerts_topic(args),
+        alerts_topic=kafka_cli.alerts_topic(args),
         window_metrics=args.window_metrics,
     )
     with exclusive(lakehouse, "rulewatch run"):
@@ -70,7 +69,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from rulewatch.cli.bench import bench, time_split
-    from rulewatch.spark.session import get_spark
+    from rulewatch.spark.runtime.session import get_spark
 
     if args.scale_curve:
         from rulewatch.cli.bench import scale_curve
@@ -153,19 +152,28 @@ def _add_job_cli(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=arguments.command("rulewatch.cli.jobs:cmd_job_run"))
 
 
+def _add_sql_cli(subparsers: argparse._SubParsersAction) -> None:
+    sql = subparsers.add_parser("sql", help="SQL over the lakehouse's tables and dashboard views: a prompt, or -e STATEMENT")
+    sql.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
+    sql.add_argument("-e", "--execute", action="append", metavar="STATEMENT",
+                     help="run STATEMENT, print its rows and exit (repeatable); without it, statements are read from the "
+                          "terminal or standard input, each ended by ;")  # fmt: skip
+    sql.set_defaults(func=arguments.command("rulewatch.cli.sql_cli:cmd_sql"))
+
+
 def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="a self-contained HTML report with charts from the gold tables")
     report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
     report.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     report.add_argument("--mask", action="store_true", help="pseudonymise account identifiers, as the dashboard does for non-members")
-    report.set_defaults(func=arguments.command("rulewatch.spark.report:_cmd_report"))
+    report.set_defaults(func=arguments.command("rulewatch.cli.report_cli:cmd_report"))
 
 
 STATE_SLOTS_HELP = (
     "evaluator state layout, fixed per checkpoint (default: what gold's checkpoint began with; 0 for a new one): "
     "0 a batch's keys in one entry when it touches or "
     "reads many (or finds its shard empty), else one entry per key; N hashes the keys of a shard into N entries "
-    "(docs/benchmarks.md)"
+    "(docs/journal/benchmarks.md)"
 )
 
 
@@ -190,7 +198,7 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
         help="seconds between the commits that append live batches' pipeline_metrics rows (default 30; 0: every batch "
-        "commits its own row, so dashboards are current to the batch, and batches take longer: docs/benchmarks.md)",
+        "commits its own row, so dashboards are current to the batch, and batches take longer: docs/journal/benchmarks.md)",
     )  # fmt: skip
 
 
@@ -208,8 +216,8 @@ def _add_live_cli(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--duration", type=arguments.generator("duration", 60), default=60, help="seconds of traffic (default 60)")
     gen.add_argument("--run-id", help="hex id prefixed to every id of this run (default: from the clock)")
     _generator_options(gen, 1000)
-    kafka_arguments.add_options(gen, alerts=False)
-    gen.set_defaults(func=arguments.command("rulewatch.spark.live:cmd_generate"))
+    kafka_cli.add_options(gen, alerts=False, sends=True)
+    gen.set_defaults(func=arguments.command("rulewatch.cli.live_cli:cmd_generate"))
 
     live = subparsers.add_parser("stream", help="run ingest (bronze + silver) -> gold continuously until Ctrl-C")
     _stream_options(live)
@@ -221,16 +229,16 @@ def _add_live_cli(subparsers: argparse._SubParsersAction) -> None:
         help="stop once everything available has gone through (landed files or the topic's records so far), within --duration "
         "if given: a catch-up run that ends by itself; exit 1 if it had not drained by then",
     )  # fmt: skip
-    kafka_arguments.add_options(live)
-    live.set_defaults(func=arguments.command("rulewatch.spark.live:cmd_stream"))
+    kafka_cli.add_options(live)
+    live.set_defaults(func=arguments.command("rulewatch.cli.live_cli:cmd_stream"))
 
     dem = subparsers.add_parser("demo", help="generator + stream together, alerts as they land, detection score and latency")
     _stream_options(dem)
     dem.add_argument("--minutes", type=arguments.minutes, default=2, help="minutes of generated traffic (default 2)")
     dem.add_argument("--rules", action="append", help="rules file to MERGE first (repeatable; default: fixtures/rules.json + live_rules.json)")
     _generator_options(dem, 1000)
-    kafka_arguments.add_options(dem)
-    dem.set_defaults(func=arguments.command("rulewatch.spark.live:cmd_demo"))
+    kafka_cli.add_options(dem)
+    dem.set_defaults(func=arguments.command("rulewatch.cli.live_cli:cmd_demo"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     arguments.layout_options(run, STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(run)
-    kafka_arguments.add_options(run)
+    kafka_cli.add_options(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_run"))
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
     bench.add_argument("--events", type=arguments.count("events", 200_000), default=200_000)
@@ -268,8 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_cli(sub)
     add_remote_cli(sub)
     _add_report_cli(sub)
+    _add_sql_cli(sub)
     _add_live_cli(sub)
-    add_kafka_cli(sub)
+    kafka_cli.add_cli(sub)
     return parser
 
 
@@ -279,12 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
 USER_ERRORS = {
     "rulewatch.cli.arguments": ("MissingExtra",),
     "rulewatch.engine.rules": ("RuleSetError",),
-    "rulewatch.spark.rules_table": ("RulesConflict",),
-    "rulewatch.spark.lakehouse": ("LakehouseBusy", "LakehouseUnwritable"),
-    "rulewatch.spark.landing": ("LandingError",),
-    "rulewatch.spark.delta_log": ("CheckpointError",),
-    "rulewatch.spark.session": ("ConnectPortBusy",),
-    "rulewatch.spark.settings": ("SettingError",),
+    "rulewatch.spark.control.rules_table": ("RulesConflict",),
+    "rulewatch.spark.storage.lakehouse": ("LakehouseBusy", "LakehouseUnwritable"),
+    "rulewatch.spark.layers.landing": ("LandingError",),
+    "rulewatch.spark.storage.delta_log": ("CheckpointError",),
+    "rulewatch.spark.runtime.session": ("ConnectPortBusy",),
+    "rulewatch.spark.runtime.env": ("SettingError",),
     "rulewatch.kafka.client": ("KafkaConfigError",),
     "rulewatch.kafka.health": ("KafkaUnreachable",),
 }

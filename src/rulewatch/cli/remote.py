@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.cli import arguments
-from rulewatch.spark.lakehouse import Lakehouse, table_ref
+from rulewatch.spark.storage.lakehouse import Lakehouse, table_ref
 
 if TYPE_CHECKING:
     from databricks.sdk import WorkspaceClient
@@ -34,7 +35,6 @@ Log = Callable[[str], None]
 DEFAULT_CATALOG = "main"
 DEFAULT_SCHEMA = "rulewatch"
 DEFAULT_VOLUME = "lakehouse"
-DEFAULT_JOB = "rulewatch_pipeline"
 MAX_ALERTS = 10_000
 
 AUTH_HELP = (

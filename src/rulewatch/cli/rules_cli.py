@@ -18,8 +18,8 @@ from rulewatch.engine.rules import RuleError, RuleSetError, parse_rule
 
 
 def _spark_and_lakehouse(args: argparse.Namespace):
-    from rulewatch.spark.lakehouse import Lakehouse
-    from rulewatch.spark.session import get_spark
+    from rulewatch.spark.storage.lakehouse import Lakehouse
+    from rulewatch.spark.runtime.session import get_spark
 
     arguments.progress("rulewatch rules", "starting Spark")
     return get_spark(), Lakehouse(args.lakehouse)
@@ -49,8 +49,8 @@ def running_notice(holder: str) -> str:
 def cmd_rules_apply(args: argparse.Namespace) -> int:
     """Validate FILE, MERGE it into config/rules and print each rule's change."""
     from rulewatch.engine.rules import load_rules_file
-    from rulewatch.spark.lakehouse import lock_holder
-    from rulewatch.spark.rules_table import apply_rules
+    from rulewatch.spark.storage.lakehouse import lock_holder
+    from rulewatch.spark.control.rules_table import apply_rules
 
     try:
         rules = load_rules_file(args.file)  # before Spark starts: a bad file fails fast
@@ -76,7 +76,7 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
 
 def cmd_rules_export(args: argparse.Namespace) -> int:
     """Write config/rules as a rules file (stdout unless --out)."""
-    from rulewatch.spark.rules_table import export_rules, rules_table_exists, rules_to_json_text
+    from rulewatch.spark.control.rules_table import export_rules, rules_table_exists, rules_to_json_text
 
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
@@ -98,7 +98,7 @@ def cmd_rules_export(args: argparse.Namespace) -> int:
 
 
 def _history_line(row) -> str:
-    from rulewatch.spark.rules_table import field_diff
+    from rulewatch.spark.control.rules_table import field_diff
 
     when = f"{row.commit_timestamp:%Y-%m-%d %H:%M:%S}" if row.commit_timestamp else "?"
     head = f"v{row.commit_version:<4} {when}  rule {row.rule_id:<5} {row.change:<8} by {row.updated_by or '(unknown)'}"
@@ -111,7 +111,7 @@ def _history_line(row) -> str:
 
 def cmd_rules_history(args: argparse.Namespace) -> int:
     """Bring gold/rule_history up to date from the change feed, then print the last changes."""
-    from rulewatch.spark.rules_table import latest_rule_history, rules_table_exists, run_rule_history
+    from rulewatch.spark.control.rules_table import latest_rule_history, rules_table_exists, run_rule_history
 
     spark, lakehouse = _spark_and_lakehouse(args)
     if not rules_table_exists(spark, lakehouse):
@@ -127,9 +127,9 @@ def cmd_rules_history(args: argparse.Namespace) -> int:
 
 def cmd_rules_clear_state(args: argparse.Namespace) -> int:
     """Ask the evaluator to forget one rule's (or every rule's) window state up to a point in event time."""
-    from rulewatch.spark.commands import CommandError, as_utc, future_clear_point, request_clear_state
-    from rulewatch.spark.rules_table import rules_table_exists
-    from rulewatch.spark.settings import future_tolerance
+    from rulewatch.spark.control.commands import CommandError, as_utc, future_clear_point, request_clear_state
+    from rulewatch.spark.control.rules_table import rules_table_exists
+    from rulewatch.spark.runtime.env import future_tolerance
 
     before = None
     if args.before:

@@ -1,6 +1,6 @@
 """The values gold groups its hash shards by, so that Spark's shuffle gives each partition its share.
 
-Pure Python (the command line's settings use it before Spark is imported); ``spark.keying`` turns
+Pure Python (the command line's settings use it before Spark is imported); ``spark.evaluator.keying`` turns
 the labels into a column.
 """
 

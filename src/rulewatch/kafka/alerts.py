@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.kafka.client import KafkaTopic, spark_options
-from rulewatch.spark import tables
+from rulewatch.spark.storage import tables
 
 # Spark's JSON default keeps milliseconds; decision_time has microseconds, and the record must equal the row.
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"

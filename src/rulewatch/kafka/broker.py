@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from rulewatch.spark.jars import cache_home, java_binary
+from rulewatch.spark.runtime.env import cache_home, java_binary
 
 KAFKA_VERSION = "4.1.1"
 # The broker logs through slf4j 1.7; without a binding it would log nothing at all, start-up errors included.

@@ -83,7 +83,7 @@ def _jaas(login: _Login, shaded: bool) -> str:
 
 def spark_options(topic: KafkaTopic) -> dict[str, str]:
     """``kafka.*`` options for Spark's Kafka source and sink."""
-    from rulewatch.spark.session import is_databricks
+    from rulewatch.spark.runtime.env import is_databricks
 
     options = {"kafka.bootstrap.servers": topic.bootstrap}
     if login := _login(topic):

@@ -1,0 +1,378 @@
+"""Gold: silver events + the rules change feed -> stateful evaluator -> alerts, metrics, late events.
+
+Flow: silver stream -> watermark -> fan out per keyset (evaluator/keying.py) -> union with every rule change
+broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator/shard.py) ->
+one ``foreachBatch`` that splits the output into idempotent Delta appends (storage/sinks.py).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from decimal import Decimal
+from dataclasses import replace
+from functools import partial
+from typing import Any, Callable, ContextManager
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from rulewatch.spark.storage import schema
+
+from rulewatch.spark.storage import tables
+from rulewatch.spark.storage.checkpoints import check_gold_layout
+from rulewatch.spark.control.commands import command_stream, ensure_commands_table
+from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
+from rulewatch.spark.evaluator.processor import RuleProcessor
+from rulewatch.kafka import alerts as kafka_alerts
+from rulewatch.kafka.client import KafkaTopic
+from rulewatch.spark.evaluator.keying import fan_out, keysets, shard_label
+from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.evaluator.packing import pack
+from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, latency_columns, metrics_row
+from rulewatch.engine.rules import parse_duration
+from rulewatch.spark.control.rules_table import ensure_rules_table, rule_change_feed
+from rulewatch.spark.runtime.session import session_confs
+from rulewatch.spark.evaluator.settings import HLL_LG_CONFIG_K, NEAR_LIMIT_SHARE, GoldSettings
+from rulewatch.spark.storage.sinks import append_once, batch_column, crash_point, per_run, sink_name, together
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    lateness_ms = parse_duration(settings.allowed_lateness)
+    reader = spark.readStream.format("delta")
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions)
+    # The watermark column is projected away before the stateful operator: Spark would otherwise
+    # drop rows behind the watermark silently, and late events must be recorded with a reason.
+    watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
+    # Both are read again for every micro-batch: the rules table's keysets, and those the evaluator still
+    # holds rules for (a change to the table reaches the evaluator only through its change feed, later).
+    held = tables.read(spark, lakehouse.rule_keysets).select("groupingKeyNames")
+    routed = keysets(tables.read(spark, lakehouse.rules)).unionByName(held).distinct()
+    fanned = fan_out(watermarked, routed, settings.shard_labels)
+    amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
+    return fanned.select(
+        "shard",
+        "keyset",
+        "group_key",
+        F.unix_millis("event_time").alias("eventTime"),
+        F.unix_millis("ingest_time").alias("ingestTime"),
+        *[F.col(c).alias(f) for f, c in schema.FIELD_COLUMNS.items() if f != "paymentAmount"],
+        F.coalesce(amount_units, F.lit(0)).alias("paymentAmount"),
+        F.col("payment_amount").isNull().alias("paymentAmount_null"),
+    )
+
+
+def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    # Underscore-led names do not survive the trip to pandas; rename them.
+    changes = rule_change_feed(spark, lakehouse).select(
+        *schema.RULE_FIELDS,
+        F.col("_change_type").alias("change_type"),
+        F.col("_commit_version").alias("commit_version"),
+    )
+    return _to_every_shard(spark, changes, settings)
+
+
+def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettings) -> DataFrame:
+    # Every shard needs every rule change and command: broadcast by fanning out to all shards.
+    return stream.crossJoin(spark.range(settings.shards).select(shard_label(F.col("id"), settings.shard_labels).alias("shard")))
+
+
+def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+    """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
+    stream = (
+        pack(_events(spark, lakehouse, settings))
+        .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
+        .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
+    )
+    processor = RuleProcessor(
+        parse_duration(settings.cleanup_granularity), settings.state_slots, parse_duration(settings.allowed_lateness)
+    )
+    return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
+
+
+def _ts(col: str) -> F.Column:
+    return F.timestamp_millis(F.col(col))
+
+
+StateTotals = Callable[[], tuple[int | None, int | None]]
+# Told of each batch's alerts once they are committed: (batch id, its pipeline_metrics row's
+# batch_end, one row per alert with ALERT_FIELDS). Only where foreachBatch runs in this process.
+AlertsCommitted = Callable[[int, datetime, list[Row]], None]
+ALERT_FIELDS = ("rule_id", "group_key", "transaction_id", "aggregate", "event_count", "ingest_ms", "event_ms")
+
+
+def write_batch(
+    out: DataFrame,
+    batch_id: int,
+    lakehouse: Lakehouse,
+    recorder: Recorder,
+    state_totals: StateTotals | None = None,
+    alerts_topic: KafkaTopic | None = None,
+    on_alerts: AlertsCommitted | None = None,
+    window_metrics: str = "near",
+    held_keysets: HeldKeysets | None = None,
+) -> None:
+    """Split one evaluator batch into the gold tables; every append is idempotent per batch id.
+
+    ``window_metrics`` (GoldSettings'): which keys' window metrics are written (``kept_metric``);
+    ``held_keysets``: where the keysets the evaluator holds rules for are kept for routing."""
+    started = time.time()
+    out = out.persist()
+    try:
+        batch = batch_column("gold_batch_id", batch_id)
+        kept = kept_metric() if window_metrics == "near" else F.lit(True)
+        decision = F.current_timestamp()
+        alerts = out.where("kind = 'alert'").select(
+            F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
+            "rule_id",
+            "rule_version",
+            F.col("detail").alias("rule_description"),
+            "group_key",
+            F.map_from_arrays(F.split("keyset", ","), "key_values").alias("key_parts"),
+            "transaction_id",
+            _ts("event_ms").alias("event_time"),
+            _ts("ingest_ms").alias("ingest_time"),
+            "aggregator",
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            "event_count",
+            "distinct_values",
+            decision.alias("decision_time"),
+            (F.unix_millis(decision) - F.col("ingest_ms")).alias("latency_ms"),
+            batch,
+        )
+        per_key = out.where((F.col("kind") == "metric") & kept).select(
+            "rule_id",
+            "rule_version",
+            "group_key",
+            _ts("event_ms").alias("event_time"),
+            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+            F.col("max_aggregate").cast(schema.AGGREGATE).alias("max_aggregate"),
+            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+            "operator",
+            "event_count",
+            _ts("window_start_ms").alias("window_start"),
+            _ts("window_end_ms").alias("window_end"),
+            batch,
+        )
+        late = out.where("kind = 'late'").select(
+            "transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason"), batch
+        )
+        errors = out.where("kind = 'rule_error'").select(
+            "rule_id",
+            F.col("rule_version").alias("commit_version"),
+            F.col("aggregator").alias("field"),
+            F.col("detail").alias("reason"),
+            batch,
+        )
+        counts, summaries = _counts(out, kept, details=on_alerts is not None)
+        fired = counts.pop("fired")
+        metrics = per_key
+        if summaries:  # each rule's summary row rides in the per-key rows' append: a table of its own costs a commit a batch
+            summary = out.sparkSession.createDataFrame(summaries, SUMMARY_SCHEMA).select("*", batch)
+            metrics = per_key.unionByName(summary, allowMissingColumns=True)
+        # A table this batch adds nothing to gets no commit (each costs a Delta state
+        # reconstruction); the others are written at once, alerts not waiting behind the metrics.
+        written: dict[str, int] = {}
+        writes = []
+        for frame, path, sink, rows in [
+            (alerts, lakehouse.alerts, "alerts", counts["alerts"]),
+            (metrics, lakehouse.window_metrics, "window_metrics", counts.pop("metrics") + len(summaries)),
+            (late, lakehouse.late_events, "late_events", counts["late_events"]),
+            (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
+        ]:
+            writes.append(partial(append_once, frame, path, sink_name("gold", sink), batch_id, rows=rows))
+            written[lakehouse.name_of(path)] = rows
+        if alerts_topic and counts["alerts"]:
+            writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
+        together(writes)
+        held = counts.pop("keysets")
+        if held_keysets is not None and held is not None:
+            held_keysets.record(out.sparkSession, held, batch_id)
+        committed = time.time()
+        rows_total, bytes_total = state_totals() if state_totals else (None, None)
+        row = metrics_row(
+            "gold", batch_id, started, committed,
+            **counts,
+            rows_out=counts["alerts"],
+            rows_written=written,
+            state_rows_total=rows_total,
+            state_bytes_total=bytes_total,
+            **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], round(committed * 1000)),
+        )  # fmt: skip
+        if on_alerts:
+            on_alerts(batch_id, row["batch_end"], fired)
+        recorder.record_rows(out.sparkSession, batch_id, [row])
+    finally:
+        out.unpersist()
+
+
+class HeldKeysets:
+    """``gold/rule_keysets``: the keysets the evaluator held rules for after its newest batch that said.
+
+    Rewritten (one small overwrite, so a replayed batch writes the same) only when they change, which
+    is when a rule change that adds or drops a keyset reaches the evaluator."""
+
+    def __init__(self, lakehouse: Lakehouse) -> None:
+        self.lakehouse = lakehouse
+        self.known: list[str] | None = None  # read once per query, on its first batch that reports them
+
+    def record(self, spark: SparkSession, held: list[str], batch_id: int) -> None:
+        table = self.lakehouse.rule_keysets
+        if self.known is None:
+            self.known = sorted(r.keyset for r in tables.read(spark, table).select("keyset").collect())
+        if held == self.known:
+            return
+        rows = [(keyset, keyset.split(","), batch_id) for keyset in held]
+        tables.save(spark.createDataFrame(rows, schema.RULE_KEYSETS).write.format("delta").mode("overwrite"), table)
+        self.known = list(held)
+
+
+def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse: Lakehouse, batch_id: int, topic: KafkaTopic) -> None:
+    append()
+    # After the Delta commit, so a replay re-publishes rather than loses (at least once); the
+    # committed rows, so the topic carries the table's decision_time on every replay.
+    kafka_alerts.publish(kafka_alerts.committed(spark, lakehouse.alerts, batch_id), topic)
+    crash_point(sink_name("kafka", "alerts"), batch_id, "after")
+
+
+def kept_metric() -> F.Column:
+    """Whether a metric row goes to gold/window_metrics by default: always, unless its rule has an
+    upper limit above zero (GREATER, GREATER_EQUAL) and the key's batch peak stayed below
+    NEAR_LIMIT_SHARE of it or has no value. Compared in decimals from the stored column types, as
+    rule_effectiveness compares them, so every key that view calls near has its rows; a key that
+    alerted is above its limit."""
+    limit = F.col("limit_value").cast(schema.WINDOW_METRICS["limit"].dataType)
+    upper = F.col("operator").isin("GREATER", "GREATER_EQUAL") & (limit > 0)
+    return ~upper | (F.col("max_aggregate").cast(schema.AGGREGATE) >= limit * F.lit(Decimal(str(NEAR_LIMIT_SHARE))))
+
+
+# A rule's summary row in gold/window_metrics, as _counts finds it.
+SUMMARY_SCHEMA = "rule_id int, rule_version long, keys_evaluated long, keys_sketch binary"
+_SUMS = ("alerts", "metrics", "late_events", "rule_errors", "rows_in", "keys_touched", "state_rows_written", "state_bytes_written")
+
+
+def _counts(out: DataFrame, kept: F.Column, details: bool = False) -> tuple[dict[str, Any], list[tuple]]:
+    """Row counts per output table (``kept``: the window metrics written), the batch's evaluator
+    statistics and the alerts' times (with ``details``, their ALERT_FIELDS), and each rule's summary
+    row (rule, version, keys evaluated, their sketch), in one pass grouped by rule.
+
+    The evaluator sees all of a shard's rows at once, so a key is one metric row per rule in a batch."""
+    kind = F.col("kind")
+    metric = kind == "metric"
+    aggregate = F.col("aggregate_value").cast(schema.AGGREGATE).cast("string").alias("aggregate")
+    fired = F.struct(*ALERT_FIELDS[:3], aggregate, *ALERT_FIELDS[4:]) if details else F.struct("ingest_ms", "event_ms")
+    groups = (
+        out.groupBy("rule_id", "rule_version")
+        .agg(
+            F.count(F.when(kind == "alert", 1)).alias("alerts"),
+            F.collect_list(F.when(kind == "alert", fired)).alias("fired"),
+            F.count(F.when(metric & kept, 1)).alias("metrics"),
+            F.count(F.when(metric, 1)).alias("keys_evaluated"),
+            F.hll_sketch_agg(F.when(metric, F.col("group_key")), HLL_LG_CONFIG_K).alias("keys_sketch"),
+            F.count(F.when(kind == "late", 1)).alias("late_events"),
+            F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
+            _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
+            _total("keys_touched").alias("keys_touched"),
+            _total("state_rows").alias("state_rows_written"),
+            _total("state_bytes").alias("state_bytes_written"),
+            F.max("active_rules").alias("active_rules"),
+            F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
+            F.max(F.when(kind == "stats", F.col("key_values"))).alias("keysets"),
+        )
+        .collect()
+    )
+    counts: dict[str, Any] = {name: sum(g[name] for g in groups) for name in _SUMS}
+    counts["fired"] = [alert for g in groups for alert in g.fired]
+    for name in ("active_rules", "rules_version", "keysets"):
+        counts[name] = max((g[name] for g in groups if g[name] is not None), default=None)
+    summaries = [(g.rule_id, g.rule_version, g.keys_evaluated, g.keys_sketch) for g in groups if g.keys_evaluated]
+    return counts, summaries
+
+
+def _total(col: str | F.Column) -> F.Column:
+    return F.coalesce(F.sum(col), F.lit(0)).cast("long")
+
+
+def _state_totals_of(holder: dict) -> StateTotals:
+    """State size as of the query's last finished batch (the running batch has not reported yet).
+
+    Only a classic session can see its query from inside ``foreachBatch``; elsewhere: unknown."""
+
+    def totals() -> tuple[int | None, int | None]:
+        progress = holder["query"].lastProgress if "query" in holder else None
+        if not progress:
+            return None, None
+        operators = progress.get("stateOperators") or []
+        return sum(op.get("numRowsTotal", 0) for op in operators), sum(op.get("memoryUsedBytes", 0) for op in operators)
+
+    return totals
+
+
+def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
+    """Gold's tables and the rules' (created together: each is mostly the driver waiting on its log)."""
+    together([
+        partial(ensure_rules_table, spark, lakehouse),
+        partial(ensure_commands_table, spark, lakehouse),
+        partial(tables.ensure_table, spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event"),
+        partial(
+            tables.ensure_table, spark, lakehouse.window_metrics, schema.WINDOW_METRICS,
+            "Window aggregate per rule and key near its limit (or every key touched), and per rule the keys evaluated, per micro-batch",
+            stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
+        ),
+        partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
+        partial(tables.ensure_table, spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed"),
+        partial(tables.ensure_table, spark, lakehouse.rule_keysets, schema.RULE_KEYSETS,
+                "Grouping-field sets gold's evaluator holds rules for; events are routed to them until a rule change reaches it"),
+        partial(ensure_metrics_table, spark, lakehouse),
+    ])  # fmt: skip
+
+
+def query_confs(spark: SparkSession, settings: GoldSettings) -> ContextManager[None]:
+    """The session settings the evaluator's query starts with: a batch without input (which only
+    fires cleanup timers) runs only if ``settings`` asks for it."""
+    return session_confs(spark, {NO_DATA_BATCHES: str(settings.no_data_batches).lower()})
+
+
+def start_gold(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    settings: GoldSettings = GoldSettings(),
+    available_now: bool = True,
+    processing_time: str | None = None,
+    recorder: Recorder | None = None,
+    on_alerts: AlertsCommitted | None = None,
+) -> StreamingQuery:
+    """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise.
+
+    ``on_alerts`` is called in this process, so only for a classic session (Spark Connect runs
+    ``foreachBatch`` in the server's own Python process)."""
+    ensure_gold_tables(spark, lakehouse)
+    recorder = recorder or Recorder(lakehouse, "gold")
+    # New checkpoints spread their shards over the partitions the query starts with; a resumed one
+    # keeps its record's (Spark keeps the checkpoint's partition count, and its state the labels).
+    partitions = int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
+    settings = replace(settings, shard_partitions=check_gold_layout(lakehouse.checkpoint("gold"), settings.layout, partitions))
+    holder: dict = {}
+    totals = _state_totals_of(holder)
+    write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,
+                    on_alerts=on_alerts, window_metrics=settings.window_metrics, held_keysets=HeldKeysets(lakehouse))  # fmt: skip
+    writer = (
+        evaluated(spark, lakehouse, settings)
+        .writeStream.queryName("rulewatch_gold")
+        .option("checkpointLocation", lakehouse.checkpoint("gold"))
+        .foreachBatch(per_run(write))
+    )
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
+    with query_confs(spark, settings):
+        holder["query"] = writer.start()
+    return holder["query"]

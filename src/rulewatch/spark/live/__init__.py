@@ -1,0 +1,1 @@
+"""Live mode: the streaming queries, their monitor, the demo and its generated traffic."""

@@ -1,0 +1,1 @@
+"""What people look at: SQL views, the HTML report, alert exploration, notebook widgets."""

@@ -1,0 +1,1 @@
+"""Where data lives and how it is written exactly once: lakehouse names, Delta tables and logs, sinks, checkpoints, metrics."""
