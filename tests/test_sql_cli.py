@@ -51,7 +51,9 @@ def test_statements_from_standard_input_run_in_order_and_a_failing_one_is_named(
     captured = capsys.readouterr()
     assert code == 1  # not a terminal: a failed statement fails the command, after the others ran
     assert _results(captured.out) == [[["42"]], [["4"]]]
-    assert captured.err.startswith("error: ") and "nonsense" in captured.err and captured.err.count("\n") == 1
+    said = captured.err.splitlines()
+    assert said[0] == "rulewatch sql: starting Spark ..." and len(said) == 2  # the error once, no logged context
+    assert said[1].startswith("error: ") and "nonsense" in said[1]
 
 
 @pytest.mark.jvm

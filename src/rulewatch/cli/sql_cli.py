@@ -9,6 +9,7 @@ outside a catalog: ``UPDATE delta.`DIR/config/rules` SET limit = 500 WHERE ruleI
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -59,8 +60,10 @@ def statements(lines: Iterable[str]) -> Iterator[str]:
         yield rest
 
 
-def execute(spark: SparkSession, statement: str, out: TextIO = sys.stdout, max_rows: int = MAX_ROWS) -> None:
-    """Run one statement; print its rows (at most ``max_rows``, and how many more there were)."""
+def execute(spark: SparkSession, statement: str, out: TextIO | None = None, max_rows: int = MAX_ROWS) -> None:
+    """Run one statement; print its rows (at most ``max_rows``, and how many more there were) to ``out``
+    (default: standard output as it is when called)."""
+    out = out or sys.stdout
     frame = spark.sql(statement)
     if not frame.columns:
         print("OK", file=out)
@@ -84,6 +87,15 @@ def _text(value: object) -> str:
     return str(value)
 
 
+def _quiet_query_errors() -> None:
+    """pyspark logs every failed query with its context as a JSON line on stderr before raising it; the
+    command says the error once, in one line of its own."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
@@ -97,6 +109,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 2
     progress("rulewatch sql", "starting Spark")
     spark = get_spark("rulewatch-sql")
+    _quiet_query_errors()
     names = register(spark, lakehouse)
     if args.execute:
         for statement in args.execute:
