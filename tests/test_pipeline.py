@@ -315,10 +315,6 @@ def test_the_summary_names_the_rules_version_gold_evaluated_with_and_a_newer_one
 
 
 
-def _alert_keys(spark, lakehouse: Lakehouse) -> list[tuple]:
-    return sorted((r.rule_id, r.group_key, r.transaction_id) for r in spark.read.format("delta").load(lakehouse.alerts).collect())
-
-
 @pytest.mark.parametrize("change", [{"ruleState": "DELETE"}, {"groupingKeyNames": ["ip"]}], ids=["deleted", "regrouped"])
 def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evaluates_it(spark, tmp_path, monkeypatch, expected_alerts, change):
     """A run's gold evaluates the rules as they were when it started, in every batch; events must be routed to
@@ -339,9 +335,13 @@ def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evalua
 
     monkeypatch.setattr(gold, "write_batch", write_then_change)
     run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), GoldSettings(max_files_per_trigger=1), log=lambda _: None)
-    assert _alert_keys(spark, lakehouse) == sorted((a["rule_id"], a["group_key"], a["transaction_id"]) for a in expected_alerts)
+    # Rule 3 fires as in the hand-checked fixture run, every alert from a batch after the change. (One silver
+    # file per batch makes some of rule 1's events late, so the other rules' alerts differ from that run.)
     rule_3 = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 3")
-    assert rule_3.count() == 3 and rule_3.where("gold_batch_id = 0").count() == 0  # all evaluated after the change
+    assert sorted((r.group_key, r.transaction_id) for r in rule_3.collect()) == sorted(
+        (a["group_key"], a["transaction_id"]) for a in expected_alerts if a["rule_id"] == 3
+    )
+    assert rule_3.count() == 3 and rule_3.where("gold_batch_id = 0").count() == 0
 
     def held() -> set[str]:
         return {r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect()}
