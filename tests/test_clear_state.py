@@ -95,8 +95,7 @@ def test_a_tolerance_that_is_no_duration_stops_the_command_naming_the_variable(t
 
 def test_clear_state_refuses_on_spark_what_would_switch_a_rule_off(spark, tmp_path, capsys):
     from rulewatch.engine.rules import parse_rule
-    from rulewatch.spark.storage import schema
-    from rulewatch.spark.storage import tables
+    from rulewatch.spark.storage import schema, tables
     from rulewatch.spark.control.commands import _aggregated_range, _logged_range, event_time_range
     from rulewatch.spark.storage.lakehouse import Lakehouse, table_ref
     from rulewatch.spark.control.rules_table import apply_rules

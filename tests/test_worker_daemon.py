@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rulewatch.spark.runtime import worker_daemon
-
-from rulewatch.spark.runtime import worker_path
+from rulewatch.spark.runtime import worker_daemon, worker_path
 
 
 def _package(root: Path, name: str) -> None:

@@ -22,9 +22,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rulewatch.spark.storage import schema
-
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
 from rulewatch.spark.storage.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.evaluator.packing import PACKED_COLUMN, pack, unpack

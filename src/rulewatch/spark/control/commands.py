@@ -25,8 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.engine.rules import RuleState, parse_duration
-from rulewatch.spark.storage import schema
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.delta_log import live_files
 from rulewatch.spark.storage.lakehouse import Lakehouse, is_table_name
 from rulewatch.spark.runtime.env import FUTURE_TOLERANCE_ENV, future_tolerance

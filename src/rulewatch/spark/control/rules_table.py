@@ -28,9 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from rulewatch.spark.storage import schema
-
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.engine.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
 from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, per_run

@@ -18,9 +18,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch.spark.storage import schema
-
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.checkpoints import check_gold_layout
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA

@@ -17,9 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from rulewatch.spark.layers import bronze
-
-from rulewatch.spark.layers import silver
+from rulewatch.spark.layers import bronze, silver
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import Recorder, metrics_row
 from rulewatch.spark.storage.sinks import per_run, together

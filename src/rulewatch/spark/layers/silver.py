@@ -20,8 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.engine.identity import EDGE_CHARACTERS, composed
-from rulewatch.spark.storage import schema
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration

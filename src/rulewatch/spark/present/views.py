@@ -24,9 +24,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from rulewatch.spark.storage import schema
-
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.runtime.env import is_databricks
 from rulewatch.spark.evaluator.settings import HLL_LG_CONFIG_K, NEAR_LIMIT_SHARE

@@ -18,8 +18,7 @@ from pyspark.sql import SparkSession
 
 from rulewatch.spark.runtime.class_archive import SPARK_HOME, archive_options
 from rulewatch.spark.runtime.jars import fetch_spark_jars
-from rulewatch.spark.runtime import worker_daemon
-from rulewatch.spark.runtime import worker_path
+from rulewatch.spark.runtime import worker_daemon, worker_path
 from rulewatch.spark.runtime.env import JAVA_OPTIONS, connect_server_elsewhere, connect_server_here, is_databricks, repository_root
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
