@@ -23,7 +23,7 @@ from rulewatch.spark.layers import bronze
 from rulewatch.spark.layers.gold import GoldSettings
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import Recorder
-from rulewatch.spark.layers.landing import FILES_READ, LandingError, audit, check_landing, links, local_path, scan
+from rulewatch.spark.layers.landing import FILES_READ, LandingError, audit, check_landing, local_path, scan, unread
 from rulewatch.spark.layers.pipeline import ensure_all_tables, run_all
 
 RULE = {"ruleId": 1, "ruleState": "ACTIVE", "groupingKeyNames": ["payeeId"], "aggregateFieldName": "paymentAmount",
@@ -105,7 +105,30 @@ def test_the_listing_names_links_and_special_files_and_follows_none(tmp_path):
     assert list(skipped) == [str(landing / name) for name in sorted(PLANTED)]
     assert skipped[str(landing / "host.jsonl")].startswith(f"a symbolic link (to {root / 'outside.jsonl'}), not followed")
     assert skipped[str(landing / "pipe.jsonl")].startswith("not a regular file (a FIFO")
-    assert links(str(landing)) == [str(landing / name) for name in sorted(PLANTED) if name != "pipe.jsonl"]
+    assert list(unread(str(landing), str(root / "no-checkpoint"))) == [str(landing / name) for name in sorted(PLANTED) if name != "pipe.jsonl"]
+
+
+def test_a_file_with_several_names_is_read_under_the_one_listed_first(tmp_path):
+    """Hard links: one file, several names; the reader would read each. The name the source listed
+    first keeps it (then the first by name), so a link made after the read never reads it again."""
+    landing, checkpoint = tmp_path / "landing", tmp_path / "checkpoint"
+    (landing / "sub").mkdir(parents=True)
+    (landing / "b.jsonl").write_text("{}\n")
+    os.link(landing / "b.jsonl", landing / "sub" / "c.jsonl")  # both land together: the first by name is read
+    (landing / "_staging").mkdir()
+    os.link(landing / "b.jsonl", landing / "_staging" / "b.jsonl")  # a skipped name is no second reading
+    one = f"a hard link to {landing / 'b.jsonl'} (the same file), read once under that name"
+    assert scan(str(landing))[2] == {str(landing / "sub" / "c.jsonl"): one}
+    assert unread(str(landing), str(checkpoint)) == {str(landing / "sub" / "c.jsonl"): one}
+    # b.jsonl was read in an earlier batch; a.jsonl, linked later, sorts first but is the repeat.
+    log = checkpoint / "sources" / "0"
+    log.mkdir(parents=True)
+    (log / "0").write_text("v1\n" + json.dumps({"path": f"file://{landing / 'b.jsonl'}", "timestamp": 0, "batchId": 0}) + "\n")
+    os.link(landing / "b.jsonl", landing / "a.jsonl")
+    (log / "1").write_text("v1\n" + json.dumps({"path": f"file://{landing / 'a.jsonl'}", "timestamp": 0, "batchId": 1}) + "\n")
+    again = {str(landing / name): one for name in ("a.jsonl", "sub/c.jsonl")}
+    assert unread(str(landing), str(checkpoint)) == again
+    assert scan(str(landing), {str(landing / "b.jsonl"): 0, str(landing / "a.jsonl"): 1})[2] == again
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +157,13 @@ def layered(spark, tmp_path_factory):
     (landing / "growing.jsonl").write_text(_payment("grow-1", T0 + timedelta(minutes=10)) + "\n")
     (landing / "torn.jsonl").write_text(_payment("torn-1", T0 + timedelta(minutes=11)) + "\n" + _payment("torn-2", T0)[:30])
     _plant_links(root, landing)
+    (landing / "u").mkdir()
+    os.link(landing / "top.jsonl", landing / "u" / "top.jsonl")  # hard link: one file, two names, read once
     rules = root / "rules.json"
     rules.write_text(json.dumps([RULE]))
     lakehouse = Lakehouse(str(root / "lakehouse"))
     first = _run(spark, lakehouse, landing, rules)
+    os.link(landing / "top.jsonl", landing / "a-top.jsonl")  # linked after the read, under a name that sorts first
     with open(landing / "growing.jsonl", "a") as f:  # a writer still appending after the read
         f.write(_payment("grow-2", T0 + timedelta(minutes=12)) + "\n")
     with open(landing / "torn.jsonl", "a") as f:  # the torn last line completed later
@@ -155,8 +181,15 @@ def test_every_layout_and_name_of_the_landing_folder_is_read_and_no_link_followe
     assert first.bronze == len(bronze_rows) == 1 + 1 + 1 + 3 + 1 + 2 + 1 + 1
     assert not any("outside-1" in r.value for r in bronze_rows)
     assert first.landing.ignored == [str(landing / ".in-progress.jsonl"), str(landing / "_tmp/writer.jsonl")]
-    assert sorted(first.landing.skipped) == [str(landing / name) for name in sorted(PLANTED)]
+    assert sorted(first.landing.skipped) == [str(landing / name) for name in sorted(PLANTED)] + [str(landing / "u" / "top.jsonl")]
     assert first.landing.problems == [] and first.ok
+
+
+def test_a_file_linked_under_a_second_name_is_read_once_and_named(layered):
+    _, landing, _, first, second = layered
+    assert first.landing.skipped[str(landing / "u" / "top.jsonl")] == second.landing.skipped[str(landing / "a-top.jsonl")] == (
+        f"a hard link to {landing / 'top.jsonl'} (the same file), read once under that name")
+    assert second.bronze == first.bronze  # the earlier-sorting link made after the read added no line
 
 
 def test_invalid_utf8_never_merges_keys_and_bronze_keeps_the_bytes(spark, layered):

@@ -12,7 +12,7 @@ from rulewatch.kafka.health import check_topic
 from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from rulewatch.spark.layers.landing import check_landing, check_recorded_source, without_links
+from rulewatch.spark.layers.landing import check_landing, check_recorded_source, read_once
 from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table
 from rulewatch.spark.storage.schema import BRONZE
 from rulewatch.spark.runtime.env import is_databricks
@@ -67,11 +67,12 @@ def read_source(spark: SparkSession, source: Source) -> DataFrame:
     return read_kafka(spark, source) if isinstance(source, KafkaSource) else read_landing(spark, source)
 
 
-def landed(batch: DataFrame, source: Source) -> DataFrame:
-    """A micro-batch's lines as bronze takes them: none read through a symbolic link (landing.py)."""
+def landed(batch: DataFrame, source: Source, checkpoint: str) -> DataFrame:
+    """A micro-batch's lines as bronze takes them: none read through a symbolic link or under a
+    file's second name (landing.py; ``checkpoint``: the reading query's)."""
     if isinstance(source, KafkaSource) or "://" in source:
         return batch
-    return without_links(batch, source)
+    return read_once(batch, source, checkpoint)
 
 
 def check_source(lakehouse: Lakehouse, source: Source) -> None:
@@ -115,7 +116,7 @@ def ensure_bronze_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: Source) -> None:
     started = time.time()
-    batch = landed(batch, source)
+    batch = landed(batch, source, lakehouse.checkpoint("bronze"))
     # The append counts the lines as it writes them: a count of its own read the whole batch once
     # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/journal/benchmarks.md).
     counted = Observation()

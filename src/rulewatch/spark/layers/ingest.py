@@ -27,7 +27,7 @@ QUERY = "ingest"
 
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: bronze.Source) -> None:
     started = time.time()
-    lines = bronze.numbered(bronze.landed(batch, source)).persist()
+    lines = bronze.numbered(bronze.landed(batch, source, lakehouse.checkpoint(QUERY))).persist()
     try:
         done: dict[str, Any] = {}
 

@@ -15,8 +15,9 @@ and rename it when complete. Such names are skipped by the reader and listed her
 Only a local or mounted landing folder is audited; on ``scheme://`` paths Auto Loader tracks files.
 
 Symbolic links are not followed (Spark's listing would: a link back to the folder is read ~40 levels
-deep, a link to a host file copies it into bronze): lines read through one are dropped before bronze
-(``without_links``) and the link is named in the report, as is anything that is not a regular file.
+deep, a link to a host file copies it into bronze), and a file with several names (hard links) is read
+under one of them: lines read through a link or a repeated name are dropped before bronze
+(``read_once``), and each is named in the report, as is anything that is not a regular file.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -114,19 +116,28 @@ def _link_reason(path: str) -> str:
     return f"a symbolic link (to {target}), not followed: move or copy the file into the landing folder"
 
 
-def links(landing: str) -> list[str]:
-    """The symbolic links below ``landing`` that the reader would follow (not under a skipped name)."""
-    root = Path(landing)
-    return sorted(e.path for e in _entries(landing) if e.is_symlink() and not _skipped(Path(e.path).relative_to(root)))
+def _repeats(names: Mapping[tuple[int, int], list[str]], listed: Mapping[str, int]) -> dict[str, str]:
+    """Of each file's names (by device and inode), every one but the first -> why it is not read.
+
+    The first is the name the source listed first (then the first by name): a hard link made after
+    the file was read, under a name that sorts earlier, must not read it again.
+    """
+    repeats: dict[str, str] = {}
+    for same in names.values():
+        first, *others = sorted(same, key=lambda path: (listed.get(path, sys.maxsize), path))
+        repeats.update({path: f"a hard link to {first} (the same file), read once under that name" for path in others})
+    return repeats
 
 
-def scan(landing: str) -> tuple[dict[str, os.stat_result], list[str], dict[str, str]]:
+def scan(landing: str, listed: Mapping[str, int] | None = None) -> tuple[dict[str, os.stat_result], list[str], dict[str, str]]:
     """Files under ``landing`` the reader takes (path -> stat), the ones it skips by name, and the
-    entries not read for what they are (path -> why: symbolic links, FIFOs, sockets, devices)."""
+    entries not read for what they are (path -> why: symbolic links, FIFOs, sockets, devices, and a
+    file's second name, ``listed``: path -> the source batch that first listed it)."""
     root = Path(landing)
     taken: dict[str, os.stat_result] = {}
     ignored: list[str] = []
     skipped: dict[str, str] = {}
+    names: dict[tuple[int, int], list[str]] = defaultdict(list)
     for entry in _entries(landing):
         if _skipped(Path(entry.path).relative_to(root)):
             if not entry.is_dir(follow_symlinks=False):
@@ -140,9 +151,41 @@ def scan(landing: str) -> tuple[dict[str, os.stat_result], list[str], dict[str, 
                 continue
             if stat.S_ISREG(status.st_mode):
                 taken[entry.path] = status
+                names[(status.st_dev, status.st_ino)].append(entry.path)
             else:
                 skipped[entry.path] = "not a regular file (a FIFO, socket or device), not read: land regular files"
+    skipped.update(_repeats({key: same for key, same in names.items() if len(same) > 1}, listed or {}))
     return taken, sorted(ignored), dict(sorted(skipped.items()))
+
+
+def unread(landing: str, checkpoint: str) -> dict[str, str]:
+    """What the reader would take below ``landing`` that bronze must not (path -> why): symbolic
+    links, and a file's names after its first (``checkpoint``: the reading query's).
+
+    One listing of the folder without stat calls; a file is stat'ed (and the source's log read) only
+    when two names share an inode number.
+    """
+    root = Path(landing)
+    found: dict[str, str] = {}
+    by_inode: dict[int, list[str]] = defaultdict(list)
+    for entry in _entries(landing):
+        if _skipped(Path(entry.path).relative_to(root)):
+            continue
+        if entry.is_symlink():
+            found[entry.path] = _link_reason(entry.path)
+        elif entry.is_file(follow_symlinks=False):
+            by_inode[entry.inode()].append(entry.path)
+    names: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for same in (same for same in by_inode.values() if len(same) > 1):
+        for path in same:
+            try:
+                status = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            names[(status.st_dev, status.st_ino)].append(path)
+    if any(len(same) > 1 for same in names.values()):
+        found.update(_repeats({key: same for key, same in names.items() if len(same) > 1}, listed_files(checkpoint)))
+    return dict(sorted(found.items()))
 
 
 def _below(path: str, folders: Iterable[str]) -> bool:
@@ -155,33 +198,37 @@ def _local_file(uri: Column) -> Column:
     return F.regexp_replace(F.url_decode(F.replace(uri, F.lit("+"), F.lit("%2B"))), r"^file:(//)?", "")
 
 
-_named_links: set[str] = set()
+_named: set[str] = set()
 
 
-def without_links(lines: DataFrame, landing: str) -> DataFrame:
-    """``lines`` (with ``source_file``) without those read through a symbolic link below ``landing``.
+def read_once(lines: DataFrame, landing: str, checkpoint: str) -> DataFrame:
+    """``lines`` (with ``source_file``) without those read through a symbolic link below ``landing``
+    or under a second name of a file (``unread``; ``checkpoint``: the reading query's).
 
-    The links are found on each batch, by a listing of the folder without stat calls; with none
-    (the usual case) the batch is left as it is. Each link is named on stderr once per process.
+    Found on each batch; with none (the usual case) the batch is left as it is. Each is named on
+    stderr once per process.
     """
-    found = links(landing)
+    found = unread(landing, checkpoint)
     if not found:
         return lines
-    for path in set(found) - _named_links:
-        print(f"rulewatch: landing: skipped {path}: {_link_reason(path)}", file=sys.stderr)
-        _named_links.add(path)
+    for path in found.keys() - _named:
+        print(f"rulewatch: landing: skipped {path}: {found[path]}", file=sys.stderr)
+        _named.add(path)
     path = _local_file(F.col("source_file"))
-    return lines.where(~F.exists(F.array(*[F.lit(p) for p in found]), lambda link: (path == link) | path.startswith(F.concat(link, F.lit("/")))))
+    return lines.where(~F.exists(F.array(*[F.lit(p) for p in found]), lambda name: (path == name) | path.startswith(F.concat(name, F.lit("/")))))
 
 
-def listed_files(checkpoint: str) -> set[str]:
-    """Every file the query's file source has listed, from its checkpoint log (``sources/0``)."""
+def listed_files(checkpoint: str) -> dict[str, int]:
+    """Every file the query's file source has listed -> the source batch that first listed it, from
+    its checkpoint log (``sources/0``; a batch's files are logged before the batch runs)."""
     log = Path(checkpoint, "sources", "0")
-    files: set[str] = set()
+    files: dict[str, int] = {}
     for entry in sorted(log.iterdir()) if log.is_dir() else ():
         if entry.name.split(".")[0].isdigit() and not entry.name.endswith(".tmp"):
             for line in entry.read_text(encoding="utf-8").splitlines()[1:]:
-                files.add(local_path(json.loads(line)["path"]))
+                listed = json.loads(line)
+                path = local_path(listed["path"])
+                files[path] = min(files.get(path, sys.maxsize), listed["batchId"])
     return files
 
 
@@ -192,12 +239,12 @@ def audit(spark: SparkSession, lakehouse: Lakehouse, landing: str, query: str, s
     """
     if "://" in landing:
         return LandingReport()
-    on_disk, ignored, skipped = scan(landing)
     listed = listed_files(lakehouse.checkpoint(query))
+    on_disk, ignored, skipped = scan(landing, listed)
     read = files_read(spark, lakehouse, query)
     report = LandingReport(files=len(on_disk), ignored=ignored, skipped=skipped)
-    for path in sorted(listed | set(on_disk)):
-        if _below(path, skipped):  # listed through a link (or a FIFO the reader found empty): named as skipped
+    for path in sorted(listed.keys() | on_disk.keys()):
+        if _below(path, skipped):  # a link, a second name, or a FIFO the reader found empty: named as skipped
             continue
         stat = on_disk.get(path)
         problem = _reconcile(path, stat, path in listed, read.get(path), started)
