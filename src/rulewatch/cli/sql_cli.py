@@ -29,10 +29,7 @@ PROMPT = "rulewatch> "
 def register(spark: SparkSession, lakehouse: Lakehouse) -> list[str]:
     """Make the lakehouse's tables (those it has) and the dashboard's views queryable by name; their names."""
     names = []
-    for attribute, value in vars(Lakehouse).items():
-        if not isinstance(value, property):
-            continue
-        path = getattr(lakehouse, attribute)
+    for path in lakehouse.tables():
         if not Path(path, "_delta_log").is_dir():
             continue
         name = lakehouse.name_of(path).replace("/", "_")

@@ -144,10 +144,11 @@ class Monitor:
         latest = tables.read(self.spark, self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
         self._last_gold_batch = -1 if latest is None else latest
 
-    def _new_alerts(self) -> tuple[list[Alert], str]:
-        """The alerts new since the last poll, and a note if where they come from changed."""
+    def _new_alerts(self, kept: list[dict[str, Any]]) -> tuple[list[Alert], str]:
+        """The alerts new since the last poll, and a note if where they come from changed (``kept``:
+        gold's metrics rows waiting in files, ``metrics.kept_rows``)."""
         if self.feed is None:
-            return self._read_alerts(), ""
+            return self._read_alerts(kept), ""
         alerts = self._fed_alerts(self.feed)
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
@@ -155,7 +156,7 @@ class Monitor:
         # Gold reported a batch the feed was never told of: its foreachBatch runs in another
         # process (an isolated Python worker), so the feed would stay empty. Read from here on.
         self.feed = None
-        return alerts + self._read_alerts(), f"gold batch {done} was not handed over in this process: alerts are read from gold/alerts from now on"
+        return alerts + self._read_alerts(kept), f"gold batch {done} was not handed over in this process: alerts are read from gold/alerts from now on"
 
     def _fed_alerts(self, feed: AlertFeed) -> list[Alert]:
         alerts = []
@@ -165,13 +166,14 @@ class Monitor:
                 self._last_gold_batch = batch_id
         return alerts
 
-    def _read_alerts(self) -> list[Alert]:
+    def _read_alerts(self, kept: list[dict[str, Any]]) -> list[Alert]:
         """Alerts of the gold batches whose ``pipeline_metrics`` row has landed since the last poll.
 
         The row records when the batch's alerts committed (``batch_end``). Live queries append rows
         several batches at a time (metrics.Recorder) and keep them in files until then, so an alert
         is shown once its batch's row exists, in a file or in the table. The files are read first,
         the table for batches none of them holds, and ``gold/alerts`` only if a row counts alerts.
+        ``kept``: the rows in the files (``metrics.kept_rows``).
         """
         done = self.layers["gold"].completed_batch_id
         if done <= self._last_gold_batch:
@@ -180,7 +182,7 @@ class Monitor:
         # Per batch: when its alerts committed (unix ms, floored) and how many there were.
         committed = {
             r["batch_id"]: (_unix_ms(r["batch_end"]), r.get("alerts"))
-            for r in kept_rows(self.lakehouse, "gold")
+            for r in kept
             if r["batch_id"] in batches
         }
         # Tables only for what no file says: a read runs Spark jobs on the cores the queries use.
@@ -234,8 +236,9 @@ class Monitor:
             raise RuntimeError(errors[0])
         rows = [layer.update(query.recentProgress) for layer, query in zip(self.layers.values(), self.queries)]
         rates = [f"{name} {n / seconds:7.0f} rows/s" for name, n in zip(self.layers, rows)]
-        new, note = self._new_alerts()
-        if rules := self._rules_news():
+        kept = kept_rows(self.lakehouse, "gold")  # read once a poll: both the alerts and the rules news use it
+        new, note = self._new_alerts(kept)
+        if rules := self._rules_news(kept):
             note = "\n".join(filter(None, (note, rules)))
         self.moved = any(rows) or bool(new or note or errors)
         self.alerts += new
@@ -250,7 +253,7 @@ class Monitor:
             line += f"\n{error.splitlines()[0]} (as it was stopped; the next start replays its batch)"
         return line, new
 
-    def _rules_news(self) -> str:
+    def _rules_news(self, kept: list[dict[str, Any]]) -> str:
         """A line when gold's newest batch runs a newer config/rules commit than the last one said.
 
         Gold's metrics rows name the commit its shards run (``rules_version``) and how many rules
@@ -258,7 +261,7 @@ class Monitor:
         the same commit, so a poll a second sees each change. Only where the rows wait in this machine's
         files (foreachBatch here, ``--metrics-every`` above 0): otherwise no line, as the table is not
         read each second for it."""
-        rows = [r for r in kept_rows(self.lakehouse, "gold") if r.get("rules_version") is not None]
+        rows = [r for r in kept if r.get("rules_version") is not None]
         if not rows:
             return ""
         newest = max(rows, key=lambda r: (r["rules_version"], r["batch_id"]))

@@ -48,6 +48,10 @@ class Lakehouse:
     def checkpoint(self, query: str) -> str:
         return f"{self.root}/_checkpoints/{query}"
 
+    def tables(self) -> list[str]:
+        """Every table of the lakehouse (its path or catalog name), in the order the properties below name them."""
+        return [getattr(self, name) for name, value in vars(Lakehouse).items() if isinstance(value, property)]
+
     @property
     def bronze_transactions(self) -> str:
         return self.table("bronze", "transactions")
