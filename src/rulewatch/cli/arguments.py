@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from rulewatch.spark.live.generate import GeneratorConfig
 from rulewatch.engine.rules import MAX_RULE_ID
+from rulewatch.spark.runtime.env import MASTER_ENV, master_problem
 from rulewatch.spark.evaluator.settings import GoldSettings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -233,6 +234,21 @@ def trigger(text: str) -> str:
             f"expected a whole number and a unit (milliseconds, seconds, minutes or hours) such as '0 seconds' or '500 milliseconds', got {text!r}"
         )
     return text.strip()
+
+
+def master_url(text: str) -> str:
+    if problem := master_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def master_option(parser: argparse.ArgumentParser) -> None:
+    """``--master URL`` for a command that starts Spark: where it runs (main() hands it to the session)."""
+    parser.add_argument(
+        "--master", type=master_url, metavar="URL",
+        help=f"Spark master to run on: spark://HOST:PORT for a standalone cluster, local[N] for this process "
+        f"(default: {MASTER_ENV}, else local[2]; docs/scale.md)",
+    )  # fmt: skip
 
 
 def key_value(text: str) -> tuple[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
 from rulewatch.spark.evaluator.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
+from rulewatch.spark.runtime.env import MASTER_ENV, spark_master
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -149,6 +151,7 @@ def _add_job_cli(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--rules", help="job parameter rules_file (default: fixtures/rules.json in the bundle root)")
     run.add_argument("--var", type=arguments.key_value, action="append", default=[], metavar="NAME=VALUE", help="override a bundle variable")
     run.add_argument("--param", type=arguments.key_value, action="append", default=[], metavar="NAME=VALUE", help="set a job parameter (as `databricks bundle run --params`), e.g. duration=60 for rulewatch_live")
+    arguments.master_option(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.jobs:cmd_job_run"))
 
 
@@ -158,6 +161,7 @@ def _add_sql_cli(subparsers: argparse._SubParsersAction) -> None:
     sql.add_argument("-e", "--execute", action="append", metavar="STATEMENT",
                      help="run STATEMENT, print its rows and exit (repeatable); without it, statements are read from the "
                           "terminal or standard input, each ended by ;")  # fmt: skip
+    arguments.master_option(sql)
     sql.set_defaults(func=arguments.command("rulewatch.cli.sql_cli:cmd_sql"))
 
 
@@ -166,6 +170,7 @@ def _add_report_cli(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--lakehouse", required=True, help="folder holding the Delta tables (as given to `rulewatch run`)")
     report.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     report.add_argument("--mask", action="store_true", help="pseudonymise account identifiers, as the dashboard does for non-members")
+    arguments.master_option(report)
     report.set_defaults(func=arguments.command("rulewatch.cli.report_cli:cmd_report"))
 
 
@@ -189,6 +194,7 @@ def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
 
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
+    arguments.master_option(parser)
     parser.add_argument("--trigger", type=arguments.trigger, default="0 seconds", help="processing-time trigger of every layer (default: '0 seconds', back to back)")
     arguments.layout_options(parser, STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
@@ -256,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
     _window_metrics_option(run)
     kafka_cli.add_options(run)
+    arguments.master_option(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_run"))
     bench = sub.add_parser("bench", help="evaluator vs a stateless grouped pass-through on the same generated input")
     bench.add_argument("--events", type=arguments.count("events", 200_000), default=200_000)
@@ -271,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pipeline: run the job this many times in one process, each on a fresh lakehouse (the first pays the JIT's warm-up; default 1)",
     )  # fmt: skip
     bench.add_argument("--rule-propagation", type=arguments.count("trials", 5), metavar="TRIALS", help="instead: time rule changes reaching a running stream")
+    arguments.master_option(bench)
     bench.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_bench"))
     add_rules_cli(sub)
     _add_job_cli(sub)
@@ -306,7 +314,15 @@ def _user_error(err: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "master", None):
+        if os.environ.get("RULEWATCH_REMOTE"):
+            print(f"rulewatch: --master {args.master} runs Spark from this process, but RULEWATCH_REMOTE={os.environ['RULEWATCH_REMOTE']} "
+                  "sends the work to a Spark Connect server: unset one of them", file=sys.stderr)  # fmt: skip
+            return 2
+        os.environ[MASTER_ENV] = args.master  # the session reads it (env.spark_master); a job's kernels inherit it
     try:
+        if getattr(args, "master", None):
+            spark_master()  # a cluster that does not answer: said before anything starts
         return args.func(args)
     except Exception as err:
         if args.debug or not _user_error(err):

@@ -163,16 +163,19 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     apply.add_argument("file", help="rules file: a JSON array or JSON lines")
     apply.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     apply.add_argument("--updated-by", help="name recorded in updated_by (default: the OS user)")
+    arguments.master_option(apply)
     apply.set_defaults(func=arguments.needs(cmd_rules_apply))
 
     export = sub.add_parser("export", help="write config/rules as a rules file")
     export.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     export.add_argument("--out", help="file to write (default: stdout)")
+    arguments.master_option(export)
     export.set_defaults(func=arguments.needs(cmd_rules_export))
 
     history = sub.add_parser("history", help="update gold/rule_history from the change feed and show the last changes")
     history.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     history.add_argument("--last", type=arguments.count("changes", 20), default=20, help="how many changes to show (default 20)")
+    arguments.master_option(history)
     history.set_defaults(func=arguments.needs(cmd_rules_history))
 
     clear = sub.add_parser("clear-state", help="make one rule (or every rule) start its windows over")
@@ -185,5 +188,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="forget events up to this event time, between the oldest and newest in silver (ISO-8601, no zone: UTC; default: the newest)",
     )
     clear.add_argument("--updated-by", help="name recorded as requested_by (default: the OS user)")
+    arguments.master_option(clear)
     clear.set_defaults(func=arguments.needs(cmd_rules_clear_state))
     return rules

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -75,15 +76,9 @@ def collector_option(environ: Mapping[str, str]) -> str:
 
 # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
 # then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/journal/benchmarks.md).
-JAVA_OPTIONS = " ".join(
-    option
-    for option in (
-        f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')}",
-        "-XX:-DontCompileHugeMethods",
-        collector_option(os.environ),
-    )
-    if option
-)
+# The same holds on a cluster's executors, where silver's tasks run (the log settings are the driver's own).
+EXECUTOR_JAVA_OPTIONS = " ".join(filter(None, ("-XX:-DontCompileHugeMethods", collector_option(os.environ))))
+JAVA_OPTIONS = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')} {EXECUTOR_JAVA_OPTIONS}"
 
 
 # An event time further than this past its own ingest time is quarantined. A future-dated event
@@ -111,3 +106,41 @@ def env_duration(env: str, default: str) -> str:
 def future_tolerance() -> str:
     """How far past its ingest time an event time may lie (``RULEWATCH_FUTURE_TOLERANCE``), as a duration."""
     return env_duration(FUTURE_TOLERANCE_ENV, DEFAULT_FUTURE_TOLERANCE)
+
+
+# Where a classic session runs: ``local[2]`` (this process), or a cluster's master (docs/scale.md).
+MASTER_ENV = "RULEWATCH_MASTER"
+DEFAULT_MASTER = "local[2]"
+_MASTER = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^\s/,]+:\d+(,[^\s/,]+:\d+)*|yarn|k8s://\S+")
+# How long a standalone master has to accept a connection before the command gives up on it.
+MASTER_TIMEOUT_S = 5.0
+
+
+def master_problem(url: str) -> str | None:
+    """Why ``url`` is no Spark master URL Spark would take (None: it is one)."""
+    if _MASTER.fullmatch(url):
+        return None
+    return (f"{url!r} is no Spark master URL: give local[N] (this process, N cores), spark://HOST:PORT (a standalone "
+            "cluster's master, docs/scale.md), yarn or k8s://...")  # fmt: skip
+
+
+def spark_master() -> str:
+    """The master a classic session starts on: ``RULEWATCH_MASTER`` (``--master``), else ``local[2]``.
+
+    A standalone master (``spark://``) must accept a connection first: Spark would otherwise retry
+    for a minute and fail with a trace that names no fix.
+    """
+    url = os.environ.get(MASTER_ENV, "").strip() or DEFAULT_MASTER
+    if problem := master_problem(url):
+        raise SettingError(f"{MASTER_ENV}={problem}")
+    if url.startswith("spark://"):
+        errors = []
+        for address in url.removeprefix("spark://").split(","):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=MASTER_TIMEOUT_S).close()
+                return url
+            except OSError as err:
+                errors.append(f"{address}: {err.strerror or err}")
+        raise SettingError(f"no Spark master answers at {url} ({'; '.join(errors)}): start the cluster (docs/scale.md) or fix --master / {MASTER_ENV}")
+    return url

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from rulewatch.spark.runtime.class_archive import SPARK_HOME, archive_options
 from rulewatch.spark.runtime.jars import fetch_spark_jars
 from rulewatch.spark.runtime import worker_daemon, worker_path
-from rulewatch.spark.runtime.env import JAVA_OPTIONS, connect_server_elsewhere, connect_server_here, is_databricks, repository_root
+from rulewatch.spark.runtime.env import EXECUTOR_JAVA_OPTIONS, JAVA_OPTIONS, connect_server_elsewhere, connect_server_here, is_databricks, repository_root, spark_master
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -101,6 +101,12 @@ def driver_java_options() -> str:
     (``-XX:TieredStopAtLevel=1``) for the commands it starts: a short-lived JVM otherwise spends ~70 %
     of its CPU in the JIT compilers (docs/journal/benchmarks.md, "The test suite's JVMs")."""
     return " ".join(filter(None, (JAVA_OPTIONS, archive_options(), os.environ.get("RULEWATCH_JAVA_OPTIONS", "").strip())))
+
+
+def executor_java_options() -> str:
+    """A cluster's executors' JVM options: the project's that are no driver's file, then ``RULEWATCH_JAVA_OPTIONS``.
+    (A local session's executor is its driver's JVM.)"""
+    return " ".join(filter(None, (EXECUTOR_JAVA_OPTIONS, os.environ.get("RULEWATCH_JAVA_OPTIONS", "").strip())))
 
 
 # Lines the JVM passes on that say nothing to a user: the stateful operator's Python driver worker
@@ -194,7 +200,8 @@ def _check_connect_port(remote: str) -> None:
 def get_spark(app_name: str = "rulewatch") -> SparkSession:
     """Return the active session (Databricks, Connect, tests) or build the local one.
 
-    Locally: ``local[2]`` (``RULEWATCH_MASTER`` overrides) with Delta, RocksDB state and quiet logs.
+    Locally: ``local[2]`` (``RULEWATCH_MASTER`` or ``--master`` overrides, env.spark_master) with Delta,
+    RocksDB state and quiet logs.
     The Python workers must import pandas/pyarrow from this same environment, hence PYSPARK_PYTHON.
     """
     active = SparkSession.getActiveSession()
@@ -218,7 +225,10 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
         warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
         builder = builder.remote(remote)
     else:
-        builder = builder.master(os.environ.get("RULEWATCH_MASTER", "local[2]"))
+        master = spark_master()
+        builder = builder.master(master)
+        if not master.startswith("local"):
+            builder = builder.config("spark.executor.extraJavaOptions", executor_java_options())
     for key, value in (LOCAL_CONF | local_file_confs(remote)).items():
         builder = builder.config(key, value)
     # Spark makes its (unused: tables are addressed by path) warehouse folder in the working directory,
