@@ -27,7 +27,7 @@ demo: setup
 	@echo "Next:"
 	@echo "  $(BIN)/rulewatch report --lakehouse lakehouse      # an HTML report of these alerts (report.html)"
 	@echo "  $(BIN)/rulewatch demo --lakehouse lakehouse-live   # live mode: generated traffic, alerts as they fire"
-	@echo "  notebooks/00_setup.ipynb ... 05_live.ipynb         # the same steps one layer at a time"
+	@echo "  notebooks/00_setup.ipynb ... 03_gold.ipynb         # the same steps one layer at a time (04: explore a rule)"
 	@echo "  README.md: rules, Kafka, deploying the bundle (databricks bundle deploy)"
 
 test: setup setup-spark40 browser
@@ -81,4 +81,4 @@ browser:
 		else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi; }
 
 clean:
-	rm -rf lakehouse .pytest_cache
+	rm -rf lakehouse lakehouse-live report.html .pytest_cache

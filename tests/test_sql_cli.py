@@ -57,16 +57,21 @@ def test_statements_from_standard_input_run_in_order_and_a_failing_one_is_named(
 
 
 @pytest.mark.jvm
-def test_a_rule_changed_by_path_is_changed_in_the_table(spark, fixture_run, tmp_path, capsys):
+def test_a_rule_changed_through_its_view_or_by_path_is_changed_in_the_table(spark, fixture_run, tmp_path, capsys):
     root = tmp_path / "lakehouse"
     shutil.copytree(fixture_run.lakehouse.root, root)  # the shared run stays as it is
     rules = Lakehouse(str(root)).rules
-    code = main(["sql", "--lakehouse", str(root), "-e", f"UPDATE delta.`{rules}` SET limit = 500 WHERE ruleId = 1",
-                 "-e", "SELECT ruleId, limit FROM config_rules WHERE ruleId = 1"])  # fmt: skip
+    code = main(["sql", "--lakehouse", str(root), "-e", "UPDATE config_rules SET limit = 500 WHERE ruleId = 1",
+                 "-e", f"UPDATE delta.`{rules}` SET limit = 700 WHERE ruleId = 2",
+                 "-e", "SELECT ruleId, limit FROM config_rules WHERE ruleId <= 2 ORDER BY ruleId"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("num_affected_rows")
-    assert _results(out) == [[["1"]], [["1", "500"]]]
-    assert spark.read.format("delta").load(rules).where("ruleId = 1").first().limit == 500
+    assert _results(out) == [[["1"]], [["1"]], [["1", "500"], ["2", "700"]]]
+    stored = {r.ruleId: r.limit for r in spark.read.format("delta").load(rules).where("ruleId <= 2").collect()}
+    assert stored == {1: 500, 2: 700}
+    # Through the view too, the change is in the feed the running gold stream follows.
+    changed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(rules)
+    assert changed.where("_change_type = 'update_postimage' AND ruleId = 1 AND limit = 500").count() == 1
 
 
 def test_a_missing_lakehouse_is_named_before_spark_starts(tmp_path, capsys, monkeypatch):

@@ -2,8 +2,8 @@
 
 Each Delta table of the lakehouse is a temp view named as in Unity Catalog (``gold_alerts``,
 ``config_rules``, ...), beside the dashboard's views (``alerts_per_rule_hour``, ...), so a query reads
-the same here as in a Databricks SQL editor. Changing rows names the table by path, as Delta does
-outside a catalog: ``UPDATE delta.`DIR/config/rules` SET limit = 500 WHERE ruleId = 1``.
+the same here as in a Databricks SQL editor, changes included: ``UPDATE config_rules SET limit = 500
+WHERE ruleId = 1`` writes to the Delta table under the view.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"tables and views: {', '.join(names)}")
-        print(f"end each statement with ; (changes name a table by path: UPDATE delta.{_quoted_path(lakehouse.rules)} ...); quit with Ctrl-D")
+        print("end each statement with ; (a change writes to the table: UPDATE config_rules SET limit = 500 WHERE ruleId = 1;); quit with Ctrl-D")
     failed = False
     for statement in statements(_lines(sys.stdin, interactive)):
         if statement.lower() in ("quit", "exit"):

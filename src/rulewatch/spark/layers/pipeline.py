@@ -43,7 +43,18 @@ def _run(query: StreamingQuery, name: str, log: Log, kafka: KafkaSource | None =
         _await_watched(query, kafka, log)
     if query.exception() is not None:
         raise RuntimeError(f"{name} query failed: {query.exception()}")
-    log(f"{name}: done in {time.monotonic() - started:.1f}s")
+    log(f"{name}: done in {time.monotonic() - started:.1f}s, {_read(query)}")
+
+
+def _read(query: StreamingQuery) -> str:
+    """What the run's query read, from its progress reports: a rerun with nothing new says so."""
+    progress = query.recentProgress
+    rows = sum(p.numInputRows for p in progress)
+    if not rows:
+        return "nothing new to read"
+    # Spark keeps the latest 100 reports (spark.sql.streaming.numRecentProgressUpdates): past that, at least.
+    more = "+" if len(progress) >= 100 else ""
+    return f"{rows:,}{more} rows read in {len(progress)}{more} batch(es)"
 
 
 def _await_watched(query: StreamingQuery, kafka: KafkaSource, log: Log) -> None:
