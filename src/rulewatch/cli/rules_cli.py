@@ -7,6 +7,7 @@ parsed arguments and returns the process exit code (0 ok, 1 no such table, 2 inv
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from collections import Counter
@@ -49,14 +50,24 @@ def running_notice(holder: str) -> str:
 def cmd_rules_apply(args: argparse.Namespace) -> int:
     """Validate FILE, MERGE it into config/rules and print each rule's change."""
     from rulewatch.engine.rules import load_rules_file
-    from rulewatch.spark.storage.lakehouse import lock_holder
+    from rulewatch.spark.storage.lakehouse import Lakehouse, lock_holder
     from rulewatch.spark.control.rules_table import apply_rules
 
     try:
         rules = load_rules_file(args.file)  # before Spark starts: a bad file fails fast
-        spark, lakehouse = _spark_and_lakehouse(args)
-        arguments.progress("rulewatch rules", f"merging {len(rules)} rule(s) into {lakehouse.rules}")
-        changes = apply_rules(spark, lakehouse, rules, args.updated_by)
+        lakehouse = Lakehouse(args.lakehouse)
+        holder = lock_holder(lakehouse)
+        # Apply takes no lock, so that rules can change under a running stream; a stream applies them itself.
+        answer = _handed_to_stream(lakehouse, holder, rules, args.updated_by or getpass.getuser())
+        if answer is not None and answer.error:
+            print(f"rulewatch: the stream holding the lakehouse ({answer.server}) wrote nothing: {answer.error}", file=sys.stderr)
+            return 2
+        if answer is None:
+            spark, lakehouse = _spark_and_lakehouse(args)
+            arguments.progress("rulewatch rules", f"merging {len(rules)} rule(s) into {lakehouse.rules}")
+            changes = apply_rules(spark, lakehouse, rules, args.updated_by)
+        else:
+            changes = answer.changes
     except RuleSetError as err:
         source = err.source or args.file
         print(f"rulewatch: {RuleSetError(err.errors, err.locations, source)}", file=sys.stderr)
@@ -67,11 +78,27 @@ def cmd_rules_apply(args: argparse.Namespace) -> int:
     counts = Counter(change.action for change in changes)
     written = counts["added"] + counts["updated"] + counts["deleted"]
     summary = ", ".join(f"{counts[a]} {a}" for a in ("added", "updated", "deleted", "unchanged") if counts[a])
-    print(f"rules: {summary or 'no rules in file'}; " + (f"written to {lakehouse.rules}" if written else "nothing written"))
-    # Apply takes no lock, so that rules can change under a running stream; a run may have read them already.
-    if written and (holder := lock_holder(lakehouse)):
+    by = f" by the stream holding the lakehouse ({answer.server})" if answer is not None else ""
+    print(f"rules: {summary or 'no rules in file'}; " + (f"written to {lakehouse.rules}{by}" if written else "nothing written"))
+    # A run may have read them already: say when the holder takes the change.
+    if written and holder:
         print(running_notice(holder), file=sys.stderr)
     return 0
+
+
+def _handed_to_stream(lakehouse, holder: str | None, rules: list, updated_by: str):
+    """The stream's answer when a stream holds ``lakehouse`` and applied ``rules`` (rule_requests.py);
+    None when there is none, or it did not take them in time: then this process applies them."""
+    from rulewatch.spark.control import rule_requests
+
+    if not rule_requests.serves_requests(holder):
+        return None
+    arguments.progress("rulewatch rules", f"handing {len(rules)} rule(s) to {holder}")
+    answer = rule_requests.ask(lakehouse, rules, updated_by)
+    if answer is None:
+        print(f"rulewatch: {holder} did not take the rules within {rule_requests.CLAIM_TIMEOUT_S:.0f}s; applying them here "
+              "(a Spark of its own)", file=sys.stderr)  # fmt: skip
+    return answer
 
 
 def cmd_rules_export(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from rulewatch.spark.control import rule_requests
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.lakehouse import Lakehouse, is_table_name, table_ref
 from rulewatch.spark.storage.metrics import kept_rows, percentile
@@ -349,6 +350,8 @@ def follow(monitor: Monitor, until: Callable[[], bool], log: Log, every: float =
     shown = float("-inf")
     while not until():
         time.sleep(every)
+        for line in rule_requests.serve(monitor.spark, monitor.lakehouse):  # `rules apply` meanwhile: no Spark of its own
+            log(line)
         polled = monitor.poll()
         if monitor.moved or time.monotonic() - shown >= idle_every:
             _show(polled, log)
