@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from rulewatch.engine.rules import Rule, RuleSetError, parse_rules
 from rulewatch.spark.control.rules_table import RuleChange, RulesConflict, apply_rules
-from rulewatch.spark.storage.lakehouse import Lakehouse, write_whole
+from rulewatch.spark.storage.lakehouse import Lakehouse, lock_holder, write_whole
 
 FOLDER = "_rule_requests"
 # The commands whose monitor loop serves requests, as the lock file names them (lakehouse.exclusive).
@@ -54,7 +54,7 @@ def ask(lakehouse: Lakehouse, rules: list[Rule], updated_by: str, claim_timeout:
     not claim them within ``claim_timeout`` seconds (the request is withdrawn: nothing applied)."""
     folder = _folder(lakehouse)
     folder.mkdir(parents=True, exist_ok=True)
-    name = uuid.uuid4().hex
+    name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"  # sorted by name: served in the order sent
     request, claimed, answer = folder / f"{name}.json", folder / f"{name}.taken", folder / f"{name}.answer.json"
     body = {"rules": [rule.to_json() for rule in rules], "updated_by": updated_by, "pid": os.getpid()}
     write_whole(request, json.dumps(body))
@@ -66,6 +66,10 @@ def ask(lakehouse: Lakehouse, rules: list[Rule], updated_by: str, claim_timeout:
                 return None
             except FileNotFoundError:
                 pass  # claimed this moment: its answer follows
+        if claimed.exists() and lock_holder(lakehouse) is None and not answer.exists():
+            claimed.unlink(missing_ok=True)
+            return Answer([], "the stream stopped while it applied the rules: see what config/rules holds now with "
+                          "`rulewatch rules export`, then apply the file again")  # fmt: skip
         time.sleep(0.2)
     stored = json.loads(answer.read_text(encoding="utf-8"))
     answer.unlink()
@@ -91,9 +95,7 @@ def serve(spark: SparkSession, lakehouse: Lakehouse) -> list[str]:
     if "://" in lakehouse.root or not folder.is_dir():
         return []
     said = []
-    for request in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime if p.exists() else 0):
-        if request.name.endswith(".answer.json") or request.name.startswith("."):
-            continue
+    for request in sorted(p for p in folder.glob("*.json") if not p.name.endswith(".answer.json")):
         claimed = request.with_suffix(".taken")
         try:
             request.rename(claimed)
