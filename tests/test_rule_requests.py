@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -37,10 +38,21 @@ def test_a_request_whose_sender_has_gone_is_dropped_unapplied(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
     folder = Path(lakehouse.root, rule_requests.FOLDER)
     folder.mkdir(parents=True)
-    (folder / "a.json").write_text(json.dumps({"rules": [RULE], "updated_by": "ann", "pid": int(gone)}))
+    (folder / "a.json").write_text(json.dumps({"rules": [RULE], "updated_by": "ann", "pid": int(gone), "host": socket.gethostname()}))
     # No Spark session: a dropped request reaches no MERGE.
     assert rule_requests.serve(None, lakehouse) == [f"rules: dropped a request of `rules apply` (pid {gone}), which has gone: nothing applied"]
     assert list(folder.iterdir()) == []
+
+
+def test_a_file_that_is_no_request_is_set_aside_and_the_stream_goes_on(tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    folder = Path(lakehouse.root, rule_requests.FOLDER)
+    folder.mkdir(parents=True)
+    (folder / "rules.json").write_text(json.dumps([RULE]))  # a rules file dropped here by hand
+    [said] = rule_requests.serve(None, lakehouse)
+    assert said.startswith(f"rules: rules.json in {folder} is no rules request (AttributeError") and said.endswith("set aside as .bad")
+    assert [p.name for p in folder.iterdir()] == ["rules.bad"]
+    assert rule_requests.serve(None, lakehouse) == []  # not taken again
 
 
 @pytest.mark.slow

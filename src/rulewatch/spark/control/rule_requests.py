@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ SERVERS = ("(rulewatch stream)", "(rulewatch demo)")
 # How long ``rules apply`` waits for the stream to claim its request: a stream still starting its
 # queries claims nothing until its monitor loop runs.
 CLAIM_TIMEOUT_S = 60.0
+# And how much longer for its answer once claimed: a MERGE on a warm session takes seconds.
+ANSWER_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -51,25 +54,28 @@ def _folder(lakehouse: Lakehouse) -> Path:
 
 def ask(lakehouse: Lakehouse, rules: list[Rule], updated_by: str, claim_timeout: float = CLAIM_TIMEOUT_S) -> Answer | None:
     """Hand ``rules`` to the stream holding ``lakehouse`` and wait for its answer; None if it did
-    not claim them within ``claim_timeout`` seconds (the request is withdrawn: nothing applied)."""
+    not claim them within ``claim_timeout`` seconds or stopped first (the request is withdrawn:
+    nothing applied)."""
     folder = _folder(lakehouse)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"  # sorted by name: served in the order sent
     request, claimed, answer = folder / f"{name}.json", folder / f"{name}.taken", folder / f"{name}.answer.json"
-    body = {"rules": [rule.to_json() for rule in rules], "updated_by": updated_by, "pid": os.getpid()}
+    body = {"rules": [rule.to_json() for rule in rules], "updated_by": updated_by, "pid": os.getpid(), "host": socket.gethostname()}
     write_whole(request, json.dumps(body))
     deadline = time.monotonic() + claim_timeout
     while not answer.exists():
-        if time.monotonic() > deadline and not claimed.exists():
+        unclaimed = request.exists()
+        if unclaimed and (time.monotonic() > deadline or lock_holder(lakehouse) is None):
             try:
                 request.unlink()  # withdrawn before the stream took it
                 return None
             except FileNotFoundError:
-                pass  # claimed this moment: its answer follows
-        if claimed.exists() and lock_holder(lakehouse) is None and not answer.exists():
-            claimed.unlink(missing_ok=True)
-            return Answer([], "the stream stopped while it applied the rules: see what config/rules holds now with "
-                          "`rulewatch rules export`, then apply the file again")  # fmt: skip
+                continue  # claimed this moment: its answer follows
+        if not unclaimed and not claimed.exists() and not answer.exists():
+            return Answer([], "the stream dropped the request unapplied")
+        if time.monotonic() > deadline + ANSWER_TIMEOUT_S or (claimed.exists() and lock_holder(lakehouse) is None and not answer.exists()):
+            return Answer([], "the stream took the rules but gave no answer (it stopped, or is stuck): see what config/rules "
+                          "holds now with `rulewatch rules export`, then apply the file again")  # fmt: skip
         time.sleep(0.2)
     stored = json.loads(answer.read_text(encoding="utf-8"))
     answer.unlink()
@@ -77,9 +83,11 @@ def ask(lakehouse: Lakehouse, rules: list[Rule], updated_by: str, claim_timeout:
     return Answer(changes, stored.get("error"), stored.get("server", ""))
 
 
-def _sender_gone(pid: object) -> bool:
-    if not isinstance(pid, int):
-        return True
+def _sender_gone(body: dict) -> bool:
+    """Whether the sender is known to have gone: only a process of this host can be asked."""
+    pid = body.get("pid")
+    if body.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -90,7 +98,8 @@ def _sender_gone(pid: object) -> bool:
 
 
 def serve(spark: SparkSession, lakehouse: Lakehouse) -> list[str]:
-    """Apply every pending request (oldest first); one line for the log per request."""
+    """Apply every pending request (in the order sent); one line for the log per request. Nothing a
+    request holds can stop the stream: a file that is no request is set aside as ``.bad`` and named."""
     folder = _folder(lakehouse)
     if "://" in lakehouse.root or not folder.is_dir():
         return []
@@ -101,16 +110,23 @@ def serve(spark: SparkSession, lakehouse: Lakehouse) -> list[str]:
             request.rename(claimed)
         except FileNotFoundError:  # withdrawn meanwhile
             continue
-        said.append(_answer(spark, lakehouse, claimed, request.with_name(f"{request.stem}.answer.json")))
+        except OSError as err:
+            said.append(f"rules: cannot take the request {request.name} ({err.strerror}): left where it is")
+            continue
+        try:
+            said.append(_answer(spark, lakehouse, claimed, request.with_name(f"{request.stem}.answer.json")))
+        except Exception as err:  # not a request this module wrote: the stream goes on
+            claimed.replace(claimed.with_suffix(".bad"))
+            said.append(f"rules: {request.name} in {folder} is no rules request ({type(err).__name__}: {err}): set aside as .bad")
     return said
 
 
 def _answer(spark: SparkSession, lakehouse: Lakehouse, claimed: Path, answer: Path) -> str:
     body = json.loads(claimed.read_text(encoding="utf-8"))
-    if _sender_gone(body.get("pid")):
+    if _sender_gone(body):
         claimed.unlink()
         return f"rules: dropped a request of `rules apply` (pid {body.get('pid')}), which has gone: nothing applied"
-    who = body["updated_by"]
+    who = str(body["updated_by"])
     changes: list[RuleChange] = []
     error = None
     try:

@@ -99,13 +99,20 @@ def _skipped(relative: Path) -> bool:
     return any(part.startswith((".", "_")) for part in relative.parts)
 
 
-def _entries(folder: str) -> Iterator[os.DirEntry[str]]:
-    """Every entry below ``folder``, not descending into symbolic links (no stat: a listing per folder)."""
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            yield entry
-            if entry.is_dir(follow_symlinks=False):
-                yield from _entries(entry.path)
+def _entries(folder: str, hidden: bool = True) -> Iterator[os.DirEntry[str]]:
+    """Every entry below ``folder``, not descending into symbolic links (no stat: a listing per folder);
+    without names starting with ``.`` or ``_`` and what lies below them unless ``hidden``. A folder
+    removed while it is listed (archived) has nothing left to read."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not hidden and entry.name.startswith((".", "_")):
+                    continue
+                yield entry
+                if entry.is_dir(follow_symlinks=False):
+                    yield from _entries(entry.path, hidden)
+    except FileNotFoundError:
+        return
 
 
 def _link_reason(path: str) -> str:
@@ -165,12 +172,9 @@ def unread(landing: str, checkpoint: str) -> dict[str, str]:
     One listing of the folder without stat calls; a file is stat'ed (and the source's log read) only
     when two names share an inode number.
     """
-    root = Path(landing)
     found: dict[str, str] = {}
     by_inode: dict[int, list[str]] = defaultdict(list)
-    for entry in _entries(landing):
-        if _skipped(Path(entry.path).relative_to(root)):
-            continue
+    for entry in _entries(landing, hidden=False):
         if entry.is_symlink():
             found[entry.path] = _link_reason(entry.path)
         elif entry.is_file(follow_symlinks=False):

@@ -76,9 +76,11 @@ def collector_option(environ: Mapping[str, str]) -> str:
 
 # Silver's validation compiles into one generated method past HotSpot's 8,000-byte JIT limit, which
 # then runs interpreted: letting the JIT take it makes the parse ~1.6x faster (docs/journal/benchmarks.md).
-# The same holds on a cluster's executors, where silver's tasks run (the log settings are the driver's own).
-EXECUTOR_JAVA_OPTIONS = " ".join(filter(None, ("-XX:-DontCompileHugeMethods", collector_option(os.environ))))
-JAVA_OPTIONS = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')} {EXECUTOR_JAVA_OPTIONS}"
+# The same holds on a cluster's executors, where silver's tasks run. Only that there: the log settings are
+# the driver's own file, and a collector chosen here could clash with one the cluster's hosts choose.
+EXECUTOR_JAVA_OPTIONS = "-XX:-DontCompileHugeMethods"
+JAVA_OPTIONS = " ".join(filter(None, (f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties')}",
+                                      EXECUTOR_JAVA_OPTIONS, collector_option(os.environ))))  # fmt: skip
 
 
 # An event time further than this past its own ingest time is quarantined. A future-dated event

@@ -227,7 +227,7 @@ def get_spark(app_name: str = "rulewatch") -> SparkSession:
     else:
         master = spark_master()
         builder = builder.master(master)
-        if not master.startswith("local"):
+        if not master.startswith("local[") and master != "local":  # local-cluster[...] has executors of its own
             builder = builder.config("spark.executor.extraJavaOptions", executor_java_options())
     for key, value in (LOCAL_CONF | local_file_confs(remote)).items():
         builder = builder.config(key, value)
