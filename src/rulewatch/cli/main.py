@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
 from rulewatch.spark.evaluator.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
-from rulewatch.spark.runtime.env import MASTER_ENV, spark_master
+from rulewatch.spark.runtime.env import use_master
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -314,15 +313,9 @@ def _user_error(err: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "master", None):
-        if os.environ.get("RULEWATCH_REMOTE"):
-            print(f"rulewatch: --master {args.master} runs Spark from this process, but RULEWATCH_REMOTE={os.environ['RULEWATCH_REMOTE']} "
-                  "sends the work to a Spark Connect server: unset one of them", file=sys.stderr)  # fmt: skip
-            return 2
-        os.environ[MASTER_ENV] = args.master  # the session reads it (env.spark_master); a job's kernels inherit it
     try:
         if getattr(args, "master", None):
-            spark_master()  # a cluster that does not answer: said before anything starts
+            use_master(args.master)
         return args.func(args)
     except Exception as err:
         if args.debug or not _user_error(err):

@@ -124,7 +124,8 @@ def _link_reason(path: str) -> str:
 
 
 def _repeats(names: Mapping[tuple[int, int], list[str]], listed: Mapping[str, int]) -> dict[str, str]:
-    """Of each file's names (by device and inode), every one but the first -> why it is not read.
+    """Of each file's names (by device and inode), every one but the first -> why it is not read
+    (a file with one name gives nothing).
 
     The first is the name the source listed first (then the first by name): a hard link made after
     the file was read, under a name that sorts earlier, must not read it again.
@@ -161,7 +162,7 @@ def scan(landing: str, listed: Mapping[str, int] | None = None) -> tuple[dict[st
                 names[(status.st_dev, status.st_ino)].append(entry.path)
             else:
                 skipped[entry.path] = "not a regular file (a FIFO, socket or device), not read: land regular files"
-    skipped.update(_repeats({key: same for key, same in names.items() if len(same) > 1}, listed or {}))
+    skipped.update(_repeats(names, listed or {}))
     return taken, sorted(ignored), dict(sorted(skipped.items()))
 
 
@@ -180,15 +181,14 @@ def unread(landing: str, checkpoint: str) -> dict[str, str]:
         elif entry.is_file(follow_symlinks=False):
             by_inode[entry.inode()].append(entry.path)
     names: dict[tuple[int, int], list[str]] = defaultdict(list)
-    for same in (same for same in by_inode.values() if len(same) > 1):
-        for path in same:
-            try:
-                status = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            names[(status.st_dev, status.st_ino)].append(path)
-    if any(len(same) > 1 for same in names.values()):
-        found.update(_repeats({key: same for key, same in names.items() if len(same) > 1}, listed_files(checkpoint)))
+    for path in (path for same in by_inode.values() if len(same) > 1 for path in same):
+        try:
+            status = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        names[(status.st_dev, status.st_ino)].append(path)
+    if any(len(same) > 1 for same in names.values()):  # the source's log is read only then
+        found.update(_repeats(names, listed_files(checkpoint)))
     return dict(sorted(found.items()))
 
 

@@ -146,3 +146,13 @@ def spark_master() -> str:
                 errors.append(f"{address}: {err.strerror or err}")
         raise SettingError(f"no Spark master answers at {url} ({'; '.join(errors)}): start the cluster (docs/scale.md) or fix --master / {MASTER_ENV}")
     return url
+
+
+def use_master(url: str) -> None:
+    """Make ``url`` (``--master``) the master of the sessions this process and its kernels start, once
+    it answers; refused beside ``RULEWATCH_REMOTE``, which sends the work to a Connect server instead."""
+    if remote := os.environ.get("RULEWATCH_REMOTE"):
+        raise SettingError(f"--master {url} runs Spark from this process, but RULEWATCH_REMOTE={remote} sends the work to "
+                           "a Spark Connect server: unset one of them")  # fmt: skip
+    os.environ[MASTER_ENV] = url
+    spark_master()  # a cluster that does not answer: said before anything starts
