@@ -9,7 +9,7 @@ from pathlib import Path
 # Only modules free of Spark, Delta, pyarrow and the Databricks SDK: the parser is built for every command
 # (the heavy ones load when their command runs, through arguments.command).
 from rulewatch.cli import arguments
-from rulewatch.cli import kafka_cli
+from rulewatch.cli import gold_cli, kafka_cli
 from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sql_cli(sub)
     _add_live_cli(sub)
     kafka_cli.add_cli(sub)
+    gold_cli.add_cli(sub)
     return parser
 
 

@@ -190,10 +190,18 @@ def request_clear_state(
     return ClearRequest(rule_id, clear_before)
 
 
-def command_stream(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
-    """Every command ever requested, then each new one, in the evaluator's column names."""
+def record_command(spark: SparkSession, lakehouse: Lakehouse, command: str, requested_by: str | None = None) -> None:
+    """Append a command the evaluator does nothing with but read (a rescale's first batch needs input)."""
+    ensure_commands_table(spark, lakehouse)
+    now = datetime.now(timezone.utc)
+    row = (str(uuid.uuid4()), command, None, now, now, requested_by or getpass.getuser())
+    tables.save(spark.createDataFrame([row], schema.RULE_COMMANDS).write.format("delta").mode("append"), lakehouse.rule_commands)
+
+
+def command_stream(spark: SparkSession, lakehouse: Lakehouse, starting_version: int | None = None) -> DataFrame:
+    """Every command ever requested (or those from ``starting_version``), then each new one, in the evaluator's column names."""
     return (
-        tables.read_stream(spark.readStream.format("delta"), lakehouse.rule_commands)
+        tables.read_stream(spark.readStream.format("delta"), lakehouse.rule_commands, starting_version)
         .select(
             "command",
             F.col("rule_id").alias("command_rule_id"),

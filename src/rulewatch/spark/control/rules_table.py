@@ -444,10 +444,10 @@ def write_rule_history_batch(changes: DataFrame, batch_id: int, lakehouse: Lakeh
     append_once(spark.createDataFrame(rows, schema.RULE_HISTORY), lakehouse.rule_history, HISTORY_SINK, batch_id)
 
 
-def rule_change_feed(spark: SparkSession, lakehouse: Lakehouse) -> DataFrame:
-    """The rules table's change data feed as a stream, from version 0: every change ever made."""
+def rule_change_feed(spark: SparkSession, lakehouse: Lakehouse, starting_version: int = 0) -> DataFrame:
+    """The rules table's change data feed as a stream, from ``starting_version``: by default every change ever made."""
     return tables.read_stream(
-        spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=0
+        spark.readStream.format("delta").option("readChangeFeed", "true"), lakehouse.rules, starting_version=starting_version
     )
 
 

@@ -271,3 +271,33 @@ class BatchStore(HistoryStore):
             writes.append((_WHERE, pickle.dumps((keys, [where[key] for key in keys], self._sizes, self._next), protocol=5)))
         self._write(writes)
         self._loaded, self._pending, self._found = {}, {}, set()
+
+
+class _Entries:
+    """A shard's history entries read out of its checkpoint (the state data source), answering the
+    MapState calls a store makes to read them."""
+
+    def __init__(self, entries: Mapping[str, bytes]) -> None:
+        self.entries = entries
+
+    def getValue(self, key: tuple[str]) -> tuple[bytes] | None:  # noqa: N802 (MapState's name)
+        blob = self.entries.get(key[0])
+        return None if blob is None else (blob,)
+
+
+def stored_histories(entries: Mapping[str, bytes], layout: str) -> dict[str, bytes]:
+    """Every key a shard stores, with its blob, from the shard's history entries and its layout record.
+
+    Read through the layout's own store, so only what it would serve comes out (a generation may still
+    hold blobs of keys that moved on)."""
+    candidates: set[str] = {name for name in entries if not name.startswith("#")}
+    for name, value in entries.items():
+        if name == _WHERE:
+            candidates.update(pickle.loads(value)[0])
+        elif name == _MEMBERS:
+            candidates.update(pickle.loads(value))
+        elif name.startswith((_GEN, "#slot")):
+            candidates.update(pickle.loads(value))
+    store = history_store(_Entries(entries), layout, pipeline=False)  # type: ignore[arg-type]
+    store.open(fresh=not entries)
+    return {key: blob for key, blob in store.get_many(sorted(candidates)).items() if blob is not None}

@@ -29,12 +29,16 @@ _TIME = StructType([StructField("at", LongType())])
 class RuleProcessor(StatefulProcessor):
     """Evaluates every active rule on every event of a shard over its exact look-back window."""
 
-    def __init__(self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None) -> None:
+    def __init__(
+        self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None, watermark_floor_ms: int = 0
+    ) -> None:
         self.granularity = cleanup_granularity_ms
         self.state_slots = state_slots
         # The query's watermark delay (None: unknown): the next batch's watermark is at least this
         # batch's newest event time minus it, so keys expiring before that need not be written.
         self.lateness_ms = lateness_ms
+        # No watermark below this: a rescaled gold's new query goes on from the old one's (layers/rescale.py).
+        self.watermark_floor_ms = watermark_floor_ms
         # Read where the query is built (driver or Connect client) and pickled with the processor:
         # the Python workers' environment is not the caller's to set.
         self.state_pipeline = pipeline_requested()
@@ -56,6 +60,9 @@ class RuleProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         return self._evaluator().handle_rows(key, rows, timerValues)
+
+    def handleInitialState(self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues) -> None:
+        self._evaluator().handle_initial_state(initialState)
 
     def handleExpiredTimer(
         self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo

@@ -187,6 +187,13 @@ def settle_expiry(
     return due, unread, read
 
 
+def _expiry(state_key: str, blob: bytes, book: RuleBook) -> int:
+    """The event time after which the key's stored history and memory are of no more use."""
+    cols, memory = decode_history(blob)
+    keyset = _keyset(state_key)
+    return key_expiry(newest_time(cols["eventTime"], memory), book.retention_ms(keyset), book.memory_ms(keyset))
+
+
 class ShardEvaluator:
     """One shard's work for ``processor.RuleProcessor``: rule changes, commands, events and cleanup timers."""
 
@@ -195,6 +202,7 @@ class ShardEvaluator:
         self.granularity = processor.granularity
         self.state_slots = processor.state_slots
         self.lateness_ms = processor.lateness_ms
+        self.watermark_floor_ms = processor.watermark_floor_ms
         self.rules = processor.rules
         self.history_map = processor.history_map
         self.pipeline = processor.state_pipeline
@@ -308,7 +316,7 @@ class ShardEvaluator:
             events = unpack(packed)
             history = self._open_history()
             book = self._book()
-            watermark = timerValues.getCurrentWatermarkInMs()
+            watermark = self._watermark(timerValues)
             next_watermark = 0
             if self.lateness_ms is not None:
                 next_watermark = max(watermark, int(events["eventTime"].max()) - self.lateness_ms, 0)
@@ -322,6 +330,24 @@ class ShardEvaluator:
             yield from (_complete(frame) for frame in result.metrics)
         if out:
             yield _frame(out)
+
+    def _watermark(self, timerValues: TimerValues) -> int:
+        # A rescaled gold's query starts without a watermark; the old query's carries on (checkpoints.WATERMARK_FLOOR).
+        return max(timerValues.getCurrentWatermarkInMs(), self.watermark_floor_ms)
+
+    def handle_initial_state(self, frame: pd.DataFrame) -> None:
+        """A rescale's state for this shard (layers/rescale.py): rows of the rule book and a chunk of
+        the keys this shard now holds, each key's history blob as the old shard stored it."""
+        for book_text, entries in zip(frame["book"], frame["entries"]):
+            self._save_book(RuleBook.from_json(book_text))
+            blobs = {entry["state_key"]: entry["blob"] for entry in entries}
+            if not blobs:
+                continue
+            book = self._book()
+            history = self._open_history()
+            history.put_many(blobs)
+            history.flush()
+            self._index_expiry({key: _expiry(key, blob, book) for key, blob in blobs.items()}, book)
 
     def _stats(self, events: int, keys_touched: int, book: RuleBook, state_rows: int, state_bytes: int) -> dict:
         """What this call did, summed over shards into gold/pipeline_metrics."""
@@ -339,7 +365,7 @@ class ShardEvaluator:
         at = expiredTimerInfo.getExpiryTimeInMs()
         if self.expiry.getValue((at,)) is None:
             return  # settled by an earlier timer of this shard in this batch
-        watermark = timerValues.getCurrentWatermarkInMs()
+        watermark = self._watermark(timerValues)
         book = self._book()
         entries = {time: _read_entry(value[0]) for (time,), value in self.expiry.iterator()}
         # Every entry whose timer fires in this batch is settled now: the shard's stored-key set and
@@ -353,10 +379,7 @@ class ShardEvaluator:
         for state_key, blob in history.get_many(keys).items():
             if blob is None:
                 continue
-            cols, memory = decode_history(blob)
-            keyset = _keyset(state_key)
-            last = newest_time(cols["eventTime"], memory)
-            expires = key_expiry(last, book.retention_ms(keyset), book.memory_ms(keyset))
+            expires = _expiry(state_key, blob, book)
             if expires < watermark:
                 purged[state_key] = None
             else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from decimal import Decimal
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable, ContextManager
 
@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.storage import schema, tables
-from rulewatch.spark.storage.checkpoints import check_gold_layout
+from rulewatch.spark.storage.checkpoints import STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
+from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
 from rulewatch.spark.evaluator.processor import RuleProcessor
@@ -33,18 +34,54 @@ from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.control.rules_table import ensure_rules_table, rule_change_feed
 from rulewatch.spark.runtime.session import session_confs
 from rulewatch.spark.evaluator.settings import HLL_LG_CONFIG_K, NEAR_LIMIT_SHARE, GoldSettings
-from rulewatch.spark.storage.sinks import append_once, batch_column, crash_point, per_run, sink_name, together
+from rulewatch.spark.storage.sinks import append_once, batch_column, crash_point, per_run, shifted, sink_name, together
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
-def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+@dataclass(frozen=True)
+class Continued:
+    """Where a rescaled gold's new checkpoint goes on from the old one's (checkpoints.gold_record):
+    each Delta source's first version, and the watermark below which events stay late."""
+
+    silver: int | str | None = None
+    rules: int | str = 0
+    commands: int | str | None = None
+    watermark_floor_ms: int = 0
+
+    @classmethod
+    def of(cls, spark: SparkSession, lakehouse: Lakehouse) -> "Continued":
+        """The checkpoint's record. Its starting versions are given at every start: Delta goes by the
+        checkpoint's offsets where a source has one, and by the option where it has none yet."""
+        record = gold_record(lakehouse.checkpoint("gold"))
+        floor = int(record.get(WATERMARK_FLOOR, 0))
+        versions = record.get(STARTING_VERSIONS)
+        if not versions:
+            return cls(watermark_floor_ms=floor)
+        tables_of = {"silver": lakehouse.silver_transactions, "rules": lakehouse.rules, "commands": lakehouse.rule_commands}
+        return cls(**{name: _version_to_start(spark, tables_of[name], v) for name, v in versions.items()}, watermark_floor_ms=floor)
+
+
+def _version_to_start(spark: SparkSession, table: str, version: int | None) -> int | str | None:
+    """``version`` as Delta's ``startingVersion``: a version not committed yet (the next one) is "latest",
+    which Delta resolves when the query starts to the version after the newest."""
+    if version is None:
+        return None
+    newest = tables.newest_version(spark, table)
+    if version <= newest:
+        return version
+    if version == newest + 1:
+        return "latest"
+    raise CheckpointError(f"gold's checkpoint goes on from version {version} of {table}, which has only {newest + 1}")
+
+
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, silver_version: int | None = None) -> DataFrame:
     lateness_ms = parse_duration(settings.allowed_lateness)
     reader = spark.readStream.format("delta")
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    silver = tables.read_stream(reader, lakehouse.silver_transactions)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions, starting_version=silver_version)
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
@@ -66,9 +103,9 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -
     )
 
 
-def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
+def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, starting_version: int = 0) -> DataFrame:
     # Underscore-led names do not survive the trip to pandas; rename them.
-    changes = rule_change_feed(spark, lakehouse).select(
+    changes = rule_change_feed(spark, lakehouse, starting_version).select(
         *schema.RULE_FIELDS,
         F.col("_change_type").alias("change_type"),
         F.col("_commit_version").alias("commit_version"),
@@ -81,17 +118,31 @@ def _to_every_shard(spark: SparkSession, stream: DataFrame, settings: GoldSettin
     return stream.crossJoin(spark.range(settings.shards).select(shard_label(F.col("id"), settings.shard_labels).alias("shard")))
 
 
-def evaluated(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings) -> DataFrame:
-    """The evaluator's output stream (one row per alert / metric / late event / rule error)."""
+def evaluated(
+    spark: SparkSession,
+    lakehouse: Lakehouse,
+    settings: GoldSettings,
+    continued: Continued = Continued(),
+    initial_state: DataFrame | None = None,
+) -> DataFrame:
+    """The evaluator's output stream (one row per alert / metric / late event / rule error).
+
+    ``continued`` and ``initial_state``: a rescaled gold's first start (layers/rescale.py)."""
     stream = (
-        pack(_events(spark, lakehouse, settings))
-        .unionByName(_rule_changes(spark, lakehouse, settings), allowMissingColumns=True)
-        .unionByName(_to_every_shard(spark, command_stream(spark, lakehouse), settings), allowMissingColumns=True)
+        pack(_events(spark, lakehouse, settings, continued.silver))
+        .unionByName(_rule_changes(spark, lakehouse, settings, continued.rules), allowMissingColumns=True)
+        .unionByName(
+            _to_every_shard(spark, command_stream(spark, lakehouse, continued.commands), settings), allowMissingColumns=True
+        )
     )
     processor = RuleProcessor(
-        parse_duration(settings.cleanup_granularity), settings.state_slots, parse_duration(settings.allowed_lateness)
+        parse_duration(settings.cleanup_granularity),
+        settings.state_slots,
+        parse_duration(settings.allowed_lateness),
+        continued.watermark_floor_ms,
     )
-    return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime")
+    initial = None if initial_state is None else initial_state.groupBy("shard")
+    return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime", initialState=initial)
 
 
 def _ts(col: str) -> F.Column:
@@ -349,26 +400,29 @@ def start_gold(
     processing_time: str | None = None,
     recorder: Recorder | None = None,
     on_alerts: AlertsCommitted | None = None,
+    initial_state: DataFrame | None = None,
 ) -> StreamingQuery:
     """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise.
 
     ``on_alerts`` is called in this process, so only for a classic session (Spark Connect runs
-    ``foreachBatch`` in the server's own Python process)."""
+    ``foreachBatch`` in the server's own Python process). ``initial_state``: a rescale's (layers/rescale.py)."""
     ensure_gold_tables(spark, lakehouse)
     recorder = recorder or Recorder(lakehouse, "gold")
+    checkpoint = lakehouse.checkpoint("gold")
     # New checkpoints spread their shards over the partitions the query starts with; a resumed one
     # keeps its record's (Spark keeps the checkpoint's partition count, and its state the labels).
     partitions = int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
-    settings = replace(settings, shard_partitions=check_gold_layout(lakehouse.checkpoint("gold"), settings.layout, partitions))
+    spread = check_gold_layout(checkpoint, settings.layout, partitions, rescaling=initial_state is not None)
+    settings = replace(settings, shard_partitions=spread)
     holder: dict = {}
     totals = _state_totals_of(holder)
     write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,
                     on_alerts=on_alerts, window_metrics=settings.window_metrics, held_keysets=HeldKeysets(lakehouse))  # fmt: skip
     writer = (
-        evaluated(spark, lakehouse, settings)
+        evaluated(spark, lakehouse, settings, Continued.of(spark, lakehouse), initial_state)
         .writeStream.queryName("rulewatch_gold")
-        .option("checkpointLocation", lakehouse.checkpoint("gold"))
-        .foreachBatch(per_run(write))
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(per_run(shifted(write, batch_base(checkpoint))))
     )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=processing_time or "1 second")
     with query_confs(spark, settings):

@@ -20,6 +20,7 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from rulewatch.spark.control import rule_requests
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.lakehouse import Lakehouse, is_table_name, table_ref
+from rulewatch.spark.storage.checkpoints import batch_base
 from rulewatch.spark.storage.metrics import kept_rows, percentile
 from rulewatch.spark.layers.pipeline import ensure_all_tables
 
@@ -72,7 +73,8 @@ class LayerProgress:
     """What one query has done since the monitor started, from its progress reports."""
 
     rows: int = 0
-    completed_batch_id: int = -1  # newest batch that ran (an idle report names the next, unrun one)
+    completed_batch_id: int = -1  # newest batch that ran (an idle report names the next, unrun one), as the tables number it
+    batch_base: int = 0  # what the tables add to the query's batch ids (a rescaled gold: checkpoints.batch_base)
     last_start_ms: int = -1  # trigger start of the newest report folded in
     batch_ms: list[int] = field(default_factory=list)  # duration of every batch that read rows
     phase_ms: Counter[str] = field(default_factory=Counter)  # where those batches spent it (durationMs)
@@ -93,7 +95,7 @@ class LayerProgress:
                 self.batch_ms.append(duration)
                 self.phase_ms.update({k: v for k, v in p.durationMs.items() if k != "triggerExecution"})
             if "addBatch" in p.durationMs:
-                self.completed_batch_id = max(self.completed_batch_id, p.batchId)
+                self.completed_batch_id = max(self.completed_batch_id, p.batchId + self.batch_base)
             self.last_start_ms = _epoch_ms(p.timestamp)
             self.sources = {s.description: s.endOffset for s in p.sources}
         rows = sum(p.numInputRows for p in new)
@@ -141,6 +143,7 @@ class Monitor:
     rules_version: int = -1  # the newest config/rules commit gold was seen running
 
     def __post_init__(self) -> None:
+        self.layers["gold"].batch_base = batch_base(self.lakehouse.checkpoint("gold"))
         # Alerts of earlier runs on this lakehouse are not news.
         latest = tables.read(self.spark, self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
         self._last_gold_batch = -1 if latest is None else latest

@@ -47,7 +47,8 @@ def _check_log_file(path: Path) -> None:
         if not lines or not lines[0].startswith("v"):
             raise ValueError("no version line")
         for line in lines[1:]:
-            json.loads(line)
+            if line != "-":  # a source with no offset yet
+                json.loads(line)
     except (ValueError, UnicodeDecodeError) as err:
         raise CheckpointError(
             f"checkpoint file {path} is corrupt ({err}); the query cannot resume from it. "
@@ -173,7 +174,7 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
     """
     if "://" in checkpoint:
         return
-    planned = last_planned_batch(checkpoint)
+    planned = last_planned_batch(checkpoint) + batch_base(checkpoint)
     for table, app_id_prefix in sinks:
         for app_id, version in commits.committed_batches(table, app_id_prefix).items():
             if version > planned:
@@ -187,6 +188,58 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
 
 GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spark's own files
 SHARD_PARTITIONS = "shard_partitions"  # in it since the shards' labels were spread (engine.shards)
+# Kept in it by a rescale (layers/rescale.py), whose new checkpoint continues the old one's query:
+BATCH_BASE = "batch_base"  # added to the checkpoint's batch ids in every table gold writes
+WATERMARK_FLOOR = "watermark_floor_ms"  # the old query's watermark: no event it would call late is evaluated
+STARTING_VERSIONS = "starting_versions"  # where each Delta source of the first batch starts
+RESCALED_FROM = "rescaled_from"  # the old shard count and its last batch, for people
+
+
+def gold_record(checkpoint: str) -> dict:
+    """Gold's layout record (``{}``: none, or a ``scheme://`` checkpoint)."""
+    record = Path(checkpoint) / GOLD_LAYOUT
+    if "://" in checkpoint or not record.exists():
+        return {}
+    return json.loads(record.read_text(encoding="utf-8"))
+
+
+def has_run(checkpoint: str) -> bool:
+    """Whether the checkpoint's query has committed a batch."""
+    return bool(_numbered(Path(checkpoint) / "commits"))
+
+
+def batch_base(checkpoint: str) -> int:
+    """What the checkpoint's batch ids are offset by in the tables its query writes (0 unless gold was rescaled)."""
+    return int(gold_record(checkpoint).get(BATCH_BASE, 0))
+
+
+def committed_sources(checkpoint: str) -> tuple[int, int, dict[str, int]]:
+    """The newest committed batch, the watermark the next batch would use, and each Delta source's next
+    version to read (by table id) after that batch. A source that has read nothing yet has no offset
+    (``-``) and is left out.
+
+    Raises CheckpointError when a source stopped inside a version (its offset's index is not negative),
+    which a new query could not start from exactly."""
+    root = Path(checkpoint)
+    committed = _numbered(root / "commits")
+    if not committed:
+        raise CheckpointError(f"checkpoint {checkpoint} has no committed batch")
+    last = committed[-1]
+    for folder in ("offsets", "commits"):
+        _check_log_file(root / folder / str(last))
+    commit = json.loads((root / "commits" / str(last)).read_text(encoding="utf-8").splitlines()[1])
+    versions: dict[str, int] = {}
+    for line in (root / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()[2:]:
+        offset = json.loads(line) if line.startswith("{") else {}
+        if "reservoirId" not in offset:
+            continue
+        if offset["index"] >= 0:
+            raise CheckpointError(
+                f"batch {last} of {checkpoint} stopped inside version {offset['reservoirVersion']} of Delta table "
+                f"{offset['reservoirId']}; run gold once more (it then reads to the end of the versions there are)"
+            )
+        versions[offset["reservoirId"]] = int(offset["reservoirVersion"])
+    return last, int(commit.get("nextBatchWatermarkMs", 0)), versions
 
 
 def as_flags(layout: dict[str, int]) -> str:
@@ -210,7 +263,7 @@ def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[st
     return layout, {name: value for name, value in filled.items() if value != defaults[name]}
 
 
-def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0) -> int:
+def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0, rescaling: bool = False) -> int:
     """Refuse to resume gold with another shard count or state layout than it began with; record them.
 
     A key's window history lives in the shard its hash picked, and a rule change reaches only the
@@ -221,13 +274,22 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
     Returns the partition count the shards' labels are spread over (``engine.shards``): a new
     checkpoint's ``partitions``, the record's for one that has run, 0 (labels 0 .. shards-1) for one
     whose record predates it, and for a ``scheme://`` checkpoint, where no record is kept.
+
+    A rescale's new checkpoint before its first batch (``rescaling``: the rescale itself) runs only
+    from the rescale, which hands it the old state; any other start would begin without it.
     """
     if "://" in checkpoint:
         return 0
     record = Path(checkpoint) / GOLD_LAYOUT
     has_run = bool(_numbered(Path(checkpoint) / "commits"))
+    stored = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+    if STARTING_VERSIONS in stored and not has_run and not rescaling:
+        raise CheckpointError(
+            f"gold's rescale to {stored.get('shards')} shards did not finish (checkpoint {checkpoint} has not run yet "
+            f"and the old state waits beside it): run `rulewatch gold rescale --shards {stored.get('shards')}` on this "
+            "lakehouse again to finish it"
+        )
     if record.exists() and has_run:
-        stored = json.loads(record.read_text(encoding="utf-8"))
         began_with = {name: stored.get(name) for name in layout}
         if began_with != layout:
             began = as_flags(began_with)
@@ -239,7 +301,7 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
         return int(stored.get(SHARD_PARTITIONS, 0))
     spread = 0 if has_run else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({**layout, SHARD_PARTITIONS: spread}) + "\n", encoding="utf-8")
+    record.write_text(json.dumps({**stored, **layout, SHARD_PARTITIONS: spread}) + "\n", encoding="utf-8")
     return spread
 
 
@@ -262,11 +324,12 @@ def check_tables_not_behind(lakehouse: Lakehouse, query: str, sinks: list[tuple[
         return
     if query in STATEFUL:
         _check_state(checkpoint, committed[-1])
+    last = committed[-1] + batch_base(str(checkpoint))
     metrics = lakehouse.pipeline_metrics
     recorded = max(commits.committed_batches(metrics, metrics_sink(query)).values(), default=-1)
-    if recorded < committed[-1]:
+    if recorded < last:
         raise CheckpointError(
-            f"checkpoint {checkpoint} has committed batch {committed[-1]}, but {metrics} holds the {query} query's "
+            f"checkpoint {checkpoint} has committed batch {last}, but {metrics} holds the {query} query's "
             f"rows only up to batch {recorded}: commits of that table are lost. Do not run until they are restored "
             f"or the layer rebuilt: {RECOVERY}"
         )

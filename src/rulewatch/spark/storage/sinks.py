@@ -78,6 +78,22 @@ def per_run(write: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int
     return _PerRun(write)
 
 
+class _Shifted:
+    # At module level, as _PerRun, for Spark Connect's pickling.
+    def __init__(self, write: Callable[[DataFrame, int], None], by: int) -> None:
+        self.write, self.by = write, by
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.write(batch, batch_id + self.by)
+
+
+def shifted(write: Callable[[DataFrame, int], None], by: int) -> Callable[[DataFrame, int], None]:
+    """``write`` called with batch ids ``by`` higher: a query on a new checkpoint that goes on from an
+    old one's (a rescaled gold) keeps numbering its batches in the tables from where the old one stopped,
+    so the idempotent appends neither skip its batches nor take them for replays."""
+    return _Shifted(write, by) if by else write
+
+
 def append_once(
     df: DataFrame, table: str, sink: str, batch_id: int, rows: int | None = None, also: Mapping[str, int] | None = None
 ) -> bool:

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.spark.storage.delta_log import whole_history_is_appends
+from rulewatch.spark.storage.delta_log import table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
 
@@ -36,7 +36,7 @@ def read(spark: SparkSession, table: str) -> DataFrame:
     return spark.read.format("delta").load(table)
 
 
-def read_stream(reader: DataStreamReader, table: str, starting_version: int | None = None) -> DataFrame:
+def read_stream(reader: DataStreamReader, table: str, starting_version: int | str | None = None) -> DataFrame:
     """``reader`` (format and options set) streaming from ``table``, from ``starting_version`` if given.
 
     Without one, a path table whose whole log only appended is read from version 0 (the same rows).
@@ -51,6 +51,15 @@ def read_stream(reader: DataStreamReader, table: str, starting_version: int | No
     if is_table_name(table):
         return reader.table(table_ref(table))
     return reader.load(table)
+
+
+def newest_version(spark: SparkSession, table: str) -> int:
+    """The table's newest version: from its log for a path table here, else from its history."""
+    if not is_table_name(table):
+        found = table_version(table)
+        if found is not None:
+            return found[1]
+    return int(spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()["version"])
 
 
 def exists(spark: SparkSession, table: str) -> bool:
