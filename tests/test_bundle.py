@@ -210,11 +210,13 @@ def test_variables_the_deploy_docs_describe_are_declared():
 
 SCHEDULED = [k for k in JOBS if "schedule" in BUNDLE.jobs[k].definition]
 CONTINUOUS = [k for k in JOBS if "continuous" in BUNDLE.jobs[k].definition]
+ON_DEMAND = [k for k in JOBS if k not in SCHEDULED + CONTINUOUS]  # run by hand, once: the rescale
+TIMED = SCHEDULED + ON_DEMAND
 
 
-def test_there_is_a_scheduled_job_and_a_continuous_live_job():
-    assert SCHEDULED == ["rulewatch_pipeline"] and CONTINUOUS == ["rulewatch_live"]
-    assert sorted(SCHEDULED + CONTINUOUS) == JOBS  # every job is one or the other, never both
+def test_there_is_a_scheduled_job_a_continuous_live_job_and_the_rescale_on_demand():
+    assert SCHEDULED == ["rulewatch_pipeline"] and CONTINUOUS == ["rulewatch_live"] and ON_DEMAND == ["rulewatch_gold_rescale"]
+    assert not set(SCHEDULED) & set(CONTINUOUS)  # never both
 
 
 @pytest.mark.parametrize("job_key", SCHEDULED)
@@ -239,7 +241,8 @@ def test_the_live_job_is_paused_everywhere_until_switched_on(job_key):
 @pytest.mark.parametrize("job_key", JOBS)
 def test_failures_slow_runs_and_backlogs_mail_the_notification_list(job_key):
     mail = BUNDLE.jobs[job_key].definition["email_notifications"]
-    events = ["on_failure", "on_streaming_backlog_exceeded"] + (["on_duration_warning_threshold_exceeded"] if job_key in SCHEDULED else [])
+    events = ["on_failure"] + (["on_streaming_backlog_exceeded"] if job_key not in ON_DEMAND else [])
+    events += ["on_duration_warning_threshold_exceeded"] if job_key in TIMED else []
     for event in events:
         assert mail[event] == "${var.notification_emails}", event
 
@@ -249,9 +252,10 @@ def test_job_has_a_timeout_health_rules_and_tags(job_key):
     definition = BUNDLE.jobs[job_key].definition
     rules = {r["metric"]: r for r in definition["health"]["rules"]}
     assert all(r["op"] == "GREATER_THAN" and r["value"] > 0 for r in rules.values())
-    if job_key in SCHEDULED:
+    if job_key in TIMED:
         assert 0 < definition["timeout_seconds"] <= 4 * 3600
-        assert set(rules) == {"RUN_DURATION_SECONDS", "STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"}
+        backlog = {"STREAMING_BACKLOG_FILES", "STREAMING_BACKLOG_RECORDS"} if job_key in SCHEDULED else set()  # a rescale reads no landing
+        assert set(rules) == {"RUN_DURATION_SECONDS", *backlog}
         # The duration warning fires before the timeout cancels the run.
         assert rules["RUN_DURATION_SECONDS"]["value"] < definition["timeout_seconds"]
     else:

@@ -78,7 +78,7 @@ def test_a_number_widget_names_itself_when_its_value_is_not_a_number(monkeypatch
 
 def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(tmp_path):
     first = {path.name: _code(path)[0].source for path in NOTEBOOKS}
-    assert len(NOTEBOOKS) == 6 and len(set(first.values())) == 1, first
+    assert len(NOTEBOOKS) == 7 and len(set(first.values())) == 1, first
     root = _checkout(tmp_path)
     # An interpreter that cannot import rulewatch at all: no site-packages (-S), no PYTHONPATH (-I).
     probe = next(iter(first.values())) + "\nimport rulewatch.spark.storage.lakehouse\nprint(rulewatch.spark.storage.lakehouse.__file__)"
@@ -90,7 +90,7 @@ def test_every_notebook_opens_with_the_same_cell_that_finds_the_package_upwards(
 @pytest.mark.slow
 @pytest.mark.jvm
 @pytest.mark.notebook
-def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(kernel, tmp_path):
+def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer_and_06_rescales_gold(kernel, tmp_path):
     root = _checkout(tmp_path)
     setup, bronze, silver, gold, explore = (_run(kernel, root / "notebooks" / f"{name}.ipynb") for name in
                                             ("00_setup", "01_bronze", "02_silver", "03_gold", "04_explore"))  # fmt: skip
@@ -122,6 +122,12 @@ def test_notebooks_00_to_04_run_from_the_notebooks_folder_and_show_each_layer(ke
     assert "transaction_id" in explained and "<table" in explained  # the contributing events, as a table
 
     assert "Burst: 5 or more payments" in cell_text(explore[2]) and "rule 1, key payee-A|ben-1" in cell_text(explore[3])
+
+    # 06 moves what 03 built to 8 shards; gold then runs with 8 (refused with 4) and the lakehouse is as it was.
+    rescale = _run(kernel, root / "notebooks" / "06_rescale.ipynb", {"shards": "8"})
+    assert "gold rescaled from 4 to 8 shards" in cell_text(rescale[2]) and '"shards": 8' in cell_text(rescale[3])
+    again = _run(kernel, root / "notebooks" / "03_gold.ipynb", {"shards": "8"})
+    assert cell_text(again[3]) == summary
 
 
 @pytest.mark.jvm

@@ -16,12 +16,14 @@ import random
 import sys
 from decimal import Decimal
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from rulewatch.cli.main import main
 from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.layers.pipeline import run_all
+from rulewatch.spark.layers import rescale
 from rulewatch.spark.layers.rescale import rescale_gold
 from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT, CheckpointError
 from rulewatch.spark.storage.lakehouse import Lakehouse
@@ -86,10 +88,25 @@ def runs(spark, tmp_path_factory):
             folder = landing[lakehouse.root]
             folder.mkdir(exist_ok=True)
             (folder / f"third-{n}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in third))
+            if n == 2 and lakehouse is rescaled:
+                steps.append(_interrupted(spark, lakehouse, shards, folder))
             if n and lakehouse is rescaled:
                 steps.append(_rescale(spark, lakehouse, shards, via_cli=n == 2))
             run_all(spark, lakehouse, str(folder), str(rules) if n == 0 else None, GoldSettings(shards=shards), log=lambda _: None)
     return kept, rescaled, thirds, late, steps
+
+
+def _interrupted(spark, lakehouse: Lakehouse, shards: int, landing: Path) -> str:
+    """A rescale that dies after moving the old checkpoint aside, before its first batch; then a run,
+    which must be refused (it would start the new shards without their state). Returns the refusal."""
+    def dies(*_args, **_kwargs):
+        raise RuntimeError("killed")
+
+    with mock.patch.object(rescale, "record_command", dies), pytest.raises(RuntimeError, match="killed"):
+        rescale_gold(spark, lakehouse, shards, say=lambda _: None)
+    with pytest.raises(CheckpointError) as refused:
+        run_all(spark, lakehouse, str(landing), None, GoldSettings(shards=shards), log=lambda _: None)
+    return str(refused.value)
 
 
 def _rescale(spark, lakehouse: Lakehouse, shards: int, via_cli: bool):
@@ -118,8 +135,14 @@ def test_the_old_watermark_holds_after_a_rescale(spark, runs):
         assert sorted(r.transaction_id for r in recorded) == sorted(p["transactionId"] for p in late), lakehouse.root
 
 
+def test_a_rescale_that_died_midway_refuses_other_runs_and_is_finished_by_running_it_again(runs):
+    *_, (_, refusal, second) = runs
+    assert "rescale to 2 shards did not finish" in refusal and "rulewatch gold rescale --shards 2" in refusal
+    assert second["shards"] == 2  # finished by the CLI, whose alerts the first test compares
+
+
 def test_gold_batches_go_on_numbering_from_the_old_checkpoint(spark, runs):
-    _, rescaled, _, _, (first, second) = runs
+    _, rescaled, _, _, (first, _, second) = runs
     assert (first.shards_before, first.shards) == (4, 8) and first.keys > 0
     assert second["shards"] == 2 and second["rescaled_from"]["shards"] == 8
     assert second["batch_base"] > first.batch + 1

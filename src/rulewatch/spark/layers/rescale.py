@@ -43,6 +43,7 @@ from rulewatch.spark.storage.checkpoints import (
     GOLD_LAYOUT,
     RESCALED_FROM,
     SHARD_PARTITIONS,
+    SOURCE_IDS,
     STARTING_VERSIONS,
     WATERMARK_FLOOR,
     batch_base,
@@ -104,7 +105,8 @@ def rescale_gold(
     # A source that has read nothing yet goes on from where its query started it: a rescaled one's
     # recorded version, else its first.
     started = record.get(STARTING_VERSIONS) or {}
-    versions = {name: read.get(_table_id(spark, table), started.get(name, 0)) for name, table in _sources(lakehouse).items()}
+    ids = {name: _table_id(spark, table) for name, table in _sources(lakehouse).items()}
+    versions = {name: read.get(ids[name], started.get(name, 0)) for name in ids}
     partitions = shuffle_partitions or shards
     labels = shard_labels(shards, partitions)
     staging = Path(checkpoint + ".rescale")
@@ -120,6 +122,7 @@ def rescale_gold(
         BATCH_BASE: last + 1 + batch_base(checkpoint),
         WATERMARK_FLOOR: watermark,
         STARTING_VERSIONS: versions,
+        SOURCE_IDS: ids,
         RESCALED_FROM: {"shards": before.shards, "checkpoint": kept_at, "keys": keys},
     }
     (staging / GOLD_LAYOUT).write_text(json.dumps(new_record) + "\n", encoding="utf-8")

@@ -91,7 +91,10 @@ def delta_version_read(checkpoint: str, table_id: str) -> int | None:
         if offset.get("reservoirId") == table_id:
             version = offset["reservoirVersion"]
             return version - 1 if offset["index"] < 0 else version
-    return None
+    # No offset yet: a rescaled gold's source has read nothing since where the old query stopped.
+    record = gold_record(checkpoint)
+    name = next((name for name, source in record.get(SOURCE_IDS, {}).items() if source == table_id), None)
+    return None if name is None else int(record[STARTING_VERSIONS][name]) - 1
 
 
 def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
@@ -192,6 +195,7 @@ SHARD_PARTITIONS = "shard_partitions"  # in it since the shards' labels were spr
 BATCH_BASE = "batch_base"  # added to the checkpoint's batch ids in every table gold writes
 WATERMARK_FLOOR = "watermark_floor_ms"  # the old query's watermark: no event it would call late is evaluated
 STARTING_VERSIONS = "starting_versions"  # where each Delta source of the first batch starts
+SOURCE_IDS = "source_ids"  # those sources' Delta table ids
 RESCALED_FROM = "rescaled_from"  # the old shard count and its last batch, for people
 
 
@@ -296,7 +300,8 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
             raise CheckpointError(
                 f"gold checkpoint {checkpoint} began with {began}; this run asks for {as_flags(layout)}. Keys would move to "
                 f"shards without their window history or rules and alerts would be missed silently. Run with "
-                f"{began}, or rebuild gold to change them ({RECOVERY})."
+                f"{began}; `rulewatch gold rescale --shards N` moves the state to another shard count (docs/scale.md); "
+                f"the state layout is kept for good, short of rebuilding gold ({RECOVERY})."
             )
         return int(stored.get(SHARD_PARTITIONS, 0))
     spread = 0 if has_run else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
