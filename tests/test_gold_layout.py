@@ -89,7 +89,7 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(spark, tmp_p
     # Refused before bronze read the new file, and gold's checkpoint is as it was.
     assert sorted(bronze_commits.glob("*.json")) == bronze_log
     assert last_planned_batch(lakehouse.checkpoint("gold")) == gold_batches
-    with pytest.raises(CheckpointError, match="rebuild gold"):
+    with pytest.raises(CheckpointError, match=r"rulewatch gold rescale --shards N. moves the state"):
         check_gold_layout(lakehouse.checkpoint("gold"), {"shards": 16, "state_slots": 0})
 
     # Without the flags the run resumes with the checkpoint's layout (not the default, so it is named) and
