@@ -18,7 +18,7 @@ from typing import Any, Callable
 from rulewatch.spark.live.generate import GeneratorConfig
 from rulewatch.engine.rules import MAX_RULE_ID
 from rulewatch.spark.runtime.env import MASTER_ENV, master_problem
-from rulewatch.spark.evaluator.settings import GoldSettings
+from rulewatch.spark.evaluator.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -257,3 +257,13 @@ def key_value(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, value
+
+
+def window_metrics_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--window-metrics", choices=WINDOW_METRICS_KEYS, default="near",
+        # argparse %-formats help texts: the share's percent sign doubled.
+        help=f"keys given a gold/window_metrics row per batch: near (default) those whose peak reached "
+        f"{NEAR_LIMIT_SHARE:.0%}% of an upper limit, and every key of other rules; all: every key touched "
+        "(each rule's summary row there counts every evaluated key either way)",
+    )  # fmt: skip

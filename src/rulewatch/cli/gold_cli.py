@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rulewatch.cli import arguments
+from rulewatch.cli import arguments, kafka_cli
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
@@ -19,7 +19,9 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     if not Path(lakehouse.checkpoint("gold")).is_dir():
         print(f"rulewatch: gold has not run on {lakehouse.root}: nothing to rescale (give --shards to its first run)", file=sys.stderr)
         return 2
-    settings = GoldSettings(allowed_lateness=args.allowed_lateness)
+    # The catch-up before the move and the new query's first batch evaluate what silver holds: with the
+    # settings the lakehouse's runs use, so their alerts reach the topic and metrics rows as any run's do.
+    settings = GoldSettings(allowed_lateness=args.allowed_lateness, alerts_topic=kafka_cli.alerts_topic(args), window_metrics=args.window_metrics)
     with exclusive(lakehouse, "rulewatch gold rescale"):
         arguments.progress("rulewatch gold rescale", "starting Spark")
         spark = get_spark()
@@ -50,5 +52,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "--allowed-lateness", type=arguments.allowed_lateness, default="1h",
         help="the lateness gold runs with (default 1h): gold first finishes what is available with it",
     )  # fmt: skip
+    arguments.window_metrics_option(rescale)
+    kafka_cli.add_options(rescale, source=False)
     arguments.master_option(rescale)
     rescale.set_defaults(func=arguments.command("rulewatch.cli.gold_cli:cmd_rescale"))

@@ -14,7 +14,7 @@ from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.cli.remote import add_cli as add_remote_cli
 from rulewatch.engine.rules import load_rules_file
 from rulewatch.cli.rules_cli import add_cli as add_rules_cli
-from rulewatch.spark.evaluator.settings import NEAR_LIMIT_SHARE, WINDOW_METRICS_KEYS, GoldSettings
+from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.runtime.env import use_master
 
 
@@ -181,16 +181,6 @@ STATE_SLOTS_HELP = (
 )
 
 
-def _window_metrics_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--window-metrics", choices=WINDOW_METRICS_KEYS, default="near",
-        # argparse %-formats help texts: the share's percent sign doubled.
-        help=f"keys given a gold/window_metrics row per batch: near (default) those whose peak reached "
-        f"{NEAR_LIMIT_SHARE:.0%}% of an upper limit, and every key of other rules; all: every key touched "
-        "(each rule's summary row there counts every evaluated key either way)",
-    )  # fmt: skip
-
-
 def _stream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lakehouse", required=True, help="folder holding every Delta table and checkpoint")
     arguments.master_option(parser)
@@ -198,7 +188,7 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     arguments.layout_options(parser, STATE_SLOTS_HELP)
     parser.add_argument("--shuffle-partitions", type=arguments.count("shuffle partitions", 8), help="spark.sql.shuffle.partitions for new checkpoints")
     parser.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
-    _window_metrics_option(parser)
+    arguments.window_metrics_option(parser)
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
     parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
@@ -259,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rules", help="rules file (JSON array or JSON lines) to MERGE into config/rules first")
     arguments.layout_options(run, STATE_SLOTS_HELP)
     run.add_argument("--allowed-lateness", type=arguments.allowed_lateness, default="1h", help="events older than the watermark by more are recorded, not evaluated")
-    _window_metrics_option(run)
+    arguments.window_metrics_option(run)
     kafka_cli.add_options(run)
     arguments.master_option(run)
     run.set_defaults(func=arguments.command("rulewatch.cli.main:_cmd_run"))
