@@ -113,6 +113,7 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
     }  # fmt: skip
     assert first.score.false_positives == []
     assert first.latency_ms and all(0 < ms < 240_000 for ms in first.latency_ms)
+    assert first.topic_latency_ms is None and not any("on the topic" in line for line in first.lines())
     # Each alert is printed as its batch commits, up to five a poll and the rest counted: however
     # the batches fell (a loaded host lands more alerts per poll), every alert is accounted for once.
     printed = [line for line in lines if line.startswith("  ALERT rule ")]
@@ -187,6 +188,10 @@ def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, 
     assert bronze.count() == report.generated.events and bronze.where("kafka_topic = 'demo-payments'").count() == bronze.count()
     table = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}
     assert {r["alert_id"] for r in consume_all(alerts_topic, len(table))} == table
+    # The first hop downstream, timed per alert from the topic's own record timestamps.
+    assert report.topic_latency_ms is not None and len(report.topic_latency_ms) == len(table)
+    assert all(0 < ms < 240_000 for ms in report.topic_latency_ms)
+    assert any(line.startswith("ingest -> alert on the topic: p50 ") for line in report.lines())
 
 
 def test_a_stream_that_has_not_drained_when_its_duration_ends_says_so_and_exits_1(spark, tmp_path, capsys):

@@ -11,6 +11,8 @@ enough to alert if evaluated).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 import sys
@@ -46,6 +48,8 @@ RULES = [
     {"ruleId": 4, "ruleState": "ACTIVE", "groupingKeyNames": ["paymentType"], "aggregateFieldName": "paymentAmount",
      "aggregatorFunctionType": "SUM", "limitOperatorType": "GREATER", "limit": 25000, "window": "3h", "bucket": "10m"},
 ]  # fmt: skip
+# Applied before the last third: rule 1's limit lowered.
+RULES_LATER = [{**RULES[0], "limit": 700}, *RULES[1:]]
 # The alerts' columns that do not depend on when or where a row was written.
 SAME = ("alert_id", "rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "limit",
         "window_start", "window_end", "event_count", "distinct_values")  # fmt: skip
@@ -77,36 +81,44 @@ def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
 @pytest.fixture(scope="module")
 def runs(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("rescale")
-    rules = root / "rules.json"
+    rules, later = root / "rules.json", root / "rules-later.json"
     rules.write_text(json.dumps(RULES))
+    later.write_text(json.dumps(RULES_LATER))
     thirds, late = _payments()
     kept, rescaled = Lakehouse(str(root / "kept")), Lakehouse(str(root / "rescaled"))
     landing = {lh.root: root / f"landing-{Path(lh.root).name}" for lh in (kept, rescaled)}
     steps = []
     for n, third in enumerate(thirds):
-        for lakehouse, shards in ((kept, 4), (rescaled, [4, 8, 2][n])):
+        for lakehouse, shards in ((kept, 4), (rescaled, [4, 3, 2][n])):
             folder = landing[lakehouse.root]
             folder.mkdir(exist_ok=True)
             (folder / f"third-{n}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in third))
+            if n == 1 and lakehouse is rescaled:
+                # Back to back: the 8-shard query never sees an event, so the 3-shard one must get the
+                # 4-shard one's watermark through it.
+                steps.append(_rescale(spark, lakehouse, 8, via_cli=False))
+                steps.append(_rescale(spark, lakehouse, 3, via_cli=False))
             if n == 2 and lakehouse is rescaled:
                 steps.append(_interrupted(spark, lakehouse, shards, folder))
-            if n and lakehouse is rescaled:
-                steps.append(_rescale(spark, lakehouse, shards, via_cli=n == 2))
-            run_all(spark, lakehouse, str(folder), str(rules) if n == 0 else None, GoldSettings(shards=shards), log=lambda _: None)
+                steps.append(_rescale(spark, lakehouse, shards, via_cli=True))
+            rules_file = {0: rules, 2: later}.get(n)  # the last third after a rule change, made after the last rescale
+            run_all(spark, lakehouse, str(folder), str(rules_file) if rules_file else None, GoldSettings(shards=shards), log=lambda _: None)
     return kept, rescaled, thirds, late, steps
 
 
 def _interrupted(spark, lakehouse: Lakehouse, shards: int, landing: Path) -> str:
     """A rescale that dies after moving the old checkpoint aside, before its first batch; then a run,
-    which must be refused (it would start the new shards without their state). Returns the refusal."""
+    which must be refused before it reads anything (it would start the new shards without their state).
+    Returns the refusal."""
     def dies(*_args, **_kwargs):
         raise RuntimeError("killed")
 
     with mock.patch.object(rescale, "record_command", dies), pytest.raises(RuntimeError, match="killed"):
         rescale_gold(spark, lakehouse, shards, say=lambda _: None)
-    with pytest.raises(CheckpointError) as refused:
-        run_all(spark, lakehouse, str(landing), None, GoldSettings(shards=shards), log=lambda _: None)
-    return str(refused.value)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["run", "--lakehouse", lakehouse.root, "--landing", str(landing), "--shards", str(shards)]) == 2
+    return err.getvalue()
 
 
 def _rescale(spark, lakehouse: Lakehouse, shards: int, via_cli: bool):
@@ -121,7 +133,13 @@ def test_rescaled_gold_alerts_exactly_as_gold_that_kept_its_shards_and_as_the_or
     alerts = _alerts(spark, kept)
     assert alerts == _alerts(spark, rescaled)
     on_time = [{**p, "paymentAmount": Decimal(p["paymentAmount"])} for third in thirds for p in third if p not in late]
-    expected = sorted((a["rule_id"], a["group_key"], a["transaction_id"], Decimal(a["aggregate_value"])) for a in oracle(on_time, RULES))
+    # Each event is evaluated with the rules as they were when it arrived (rule 1 keeps no memory across the change).
+    expected = sorted(
+        (a["rule_id"], a["group_key"], a["transaction_id"], Decimal(a["aggregate_value"]))
+        for rules, last_third in ((RULES, False), (RULES_LATER, True))
+        for a in oracle(on_time, rules)
+        if a["transaction_id"].startswith("t2-") == last_third
+    )
     got = sorted((a[1], a[3], a[4], Decimal(a[6])) for a in alerts)
     assert [(a, v.normalize()) for *a, v in got] == [(a, v.normalize()) for *a, v in expected]
     # Every rule fired in the thirds after a rescale, so each kind of state crossed one.
@@ -136,22 +154,23 @@ def test_the_old_watermark_holds_after_a_rescale(spark, runs):
 
 
 def test_a_rescale_that_died_midway_refuses_other_runs_and_is_finished_by_running_it_again(runs):
-    *_, (_, refusal, second) = runs
+    *_, (_, _, refusal, last) = runs
     assert "rescale to 2 shards did not finish" in refusal and "rulewatch gold rescale --shards 2" in refusal
-    assert second["shards"] == 2  # finished by the CLI, whose alerts the first test compares
+    assert last["shards"] == 2 and last["rescaled_from"]["shards"] == 3  # finished by the CLI
 
 
 def test_gold_batches_go_on_numbering_from_the_old_checkpoint(spark, runs):
-    _, rescaled, _, _, (first, _, second) = runs
-    assert (first.shards_before, first.shards) == (4, 8) and first.keys > 0
-    assert second["shards"] == 2 and second["rescaled_from"]["shards"] == 8
-    assert second["batch_base"] > first.batch + 1
+    _, rescaled, _, _, (first, second, _, last) = runs
+    assert (first.shards_before, first.shards, second.shards_before, second.shards) == (4, 8, 8, 3)
+    assert first.keys == second.keys > 0
+    assert second.batch == first.batch + 1  # the 8-shard query ran one batch: the rescale's own
+    assert last["batch_base"] > second.batch + 1
     rows = spark.read.format("delta").load(rescaled.pipeline_metrics).where("layer = 'gold'").select("batch_id").collect()
     ids = sorted(r.batch_id for r in rows)
     assert ids == list(range(len(ids)))  # one row per batch, none skipped or repeated across both rescales
     # The old checkpoints are kept aside, the staged state is gone.
     checkpoints = Path(rescaled.checkpoint("gold")).parent
-    assert len(list(checkpoints.glob("gold.before-rescale-*"))) == 2
+    assert len(list(checkpoints.glob("gold.before-rescale-*"))) == 3
     assert not list(Path(rescaled.checkpoint("gold")).glob("rulewatch-rescale-state"))
 
 

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark.storage import schema, tables
-from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
+from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, Continued, GoldSettings, _events, ensure_gold_tables, evaluated, query_confs, start_gold
 from rulewatch.spark.storage.lakehouse import Lakehouse, write_whole
 from rulewatch.spark.evaluator.packing import PACKED_COLUMN, pack, unpack
 from rulewatch.engine.rules import Rule, parse_rules
@@ -117,7 +117,7 @@ def _measure(
     """The pass-through, then the evaluator in each layout, over ``lakehouse``'s silver table."""
     # The same read, keying and packing as the evaluator; each shard's events unpacked and counted.
     passthrough = (
-        pack(_events(spark, lakehouse, settings))
+        pack(_events(spark, lakehouse, settings, Continued()))
         .groupBy("shard")
         .applyInPandas(lambda frame: pd.DataFrame({"n": [len(unpack(frame[PACKED_COLUMN]))]}), "n long")
     )

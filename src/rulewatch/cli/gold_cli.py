@@ -16,7 +16,7 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
 
     lakehouse = Lakehouse(args.lakehouse)
-    if not Path(lakehouse.checkpoint("gold")).is_dir():
+    if not Path(lakehouse.checkpoint("gold")).is_dir() and not Path(lakehouse.checkpoint("gold") + ".rescale").is_dir():
         print(f"rulewatch: gold has not run on {lakehouse.root}: nothing to rescale (give --shards to its first run)", file=sys.stderr)
         return 2
     # The catch-up before the move and the new query's first batch evaluate what silver holds: with the

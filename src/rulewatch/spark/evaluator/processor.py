@@ -30,7 +30,12 @@ class RuleProcessor(StatefulProcessor):
     """Evaluates every active rule on every event of a shard over its exact look-back window."""
 
     def __init__(
-        self, cleanup_granularity_ms: int = 60_000, state_slots: int = 0, lateness_ms: int | None = None, watermark_floor_ms: int = 0
+        self,
+        cleanup_granularity_ms: int = 60_000,
+        state_slots: int = 0,
+        lateness_ms: int | None = None,
+        watermark_floor_ms: int = 0,
+        error_shard: int = 0,
     ) -> None:
         self.granularity = cleanup_granularity_ms
         self.state_slots = state_slots
@@ -39,6 +44,9 @@ class RuleProcessor(StatefulProcessor):
         self.lateness_ms = lateness_ms
         # No watermark below this: a rescaled gold's new query goes on from the old one's (layers/rescale.py).
         self.watermark_floor_ms = watermark_floor_ms
+        # The one shard that reports rule errors (every shard applies every change): the first label, which
+        # is 0 only when the labels are not spread over more partitions than shards (engine.shards).
+        self.error_shard = error_shard
         # Read where the query is built (driver or Connect client) and pickled with the processor:
         # the Python workers' environment is not the caller's to set.
         self.state_pipeline = pipeline_requested()

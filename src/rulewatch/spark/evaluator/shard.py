@@ -203,6 +203,7 @@ class ShardEvaluator:
         self.state_slots = processor.state_slots
         self.lateness_ms = processor.lateness_ms
         self.watermark_floor_ms = processor.watermark_floor_ms
+        self.error_shard = processor.error_shard
         self.rules = processor.rules
         self.history_map = processor.history_map
         self.pipeline = processor.state_pipeline
@@ -304,7 +305,7 @@ class ShardEvaluator:
         is_rule = batch["change_type"].notna()
         is_command = batch["command"].notna()
         if is_rule.any():
-            out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == 0))
+            out.extend(self._apply_rule_changes(batch[is_rule], report_errors=int(key[0]) == self.error_shard))
         if is_command.any():
             self._apply_commands(batch[is_command])
         packed = batch[PACKED_COLUMN].dropna()

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.storage import schema, tables
-from rulewatch.spark.storage.checkpoints import STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
+from rulewatch.spark.storage.checkpoints import SILVER_AFTER_BATCH, STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
 from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
@@ -43,11 +43,18 @@ SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 @dataclass(frozen=True)
 class Continued:
     """Where a rescaled gold's new checkpoint goes on from the old one's (checkpoints.gold_record):
-    each Delta source's first version, and the watermark below which events stay late."""
+    each Delta source's first version, and the watermark below which events stay late.
 
-    silver: int | str | None = None
-    rules: int | str = 0
-    commands: int | str | None = None
+    Delta needs a starting version that exists. Where the next one does not yet, a source starts at the
+    newest, which the old query had read, and its rows are filtered down to what comes after: silver's
+    by batch id (``silver_after_batch``), the rules' by commit version (``rules_from``). Never Delta's
+    ``latest``, which it resolves later than this check: a commit in between would be skipped."""
+
+    silver: int | None = None
+    silver_after_batch: int | None = None
+    rules: int = 0
+    rules_from: int | None = None
+    commands: int | None = None
     watermark_floor_ms: int = 0
 
     @classmethod
@@ -59,29 +66,34 @@ class Continued:
         versions = record.get(STARTING_VERSIONS)
         if not versions:
             return cls(watermark_floor_ms=floor)
-        tables_of = {"silver": lakehouse.silver_transactions, "rules": lakehouse.rules, "commands": lakehouse.rule_commands}
-        return cls(**{name: _version_to_start(spark, tables_of[name], v) for name, v in versions.items()}, watermark_floor_ms=floor)
+        silver, silver_next = _existing(spark, lakehouse.silver_transactions, versions["silver"])
+        rules, rules_next = _existing(spark, lakehouse.rules, versions["rules"])
+        commands, commands_next = _existing(spark, lakehouse.rule_commands, versions["commands"])
+        if commands_next:  # the rescale appends a command before the new query starts: it exists
+            raise CheckpointError(f"gold's checkpoint goes on from version {versions['commands']} of {lakehouse.rule_commands}, which is not there")
+        after = int(record[SILVER_AFTER_BATCH]) if silver_next else None
+        return cls(silver, after, rules, versions["rules"] if rules_next else None, commands, floor)
 
 
-def _version_to_start(spark: SparkSession, table: str, version: int | None) -> int | str | None:
-    """``version`` as Delta's ``startingVersion``: a version not committed yet (the next one) is "latest",
-    which Delta resolves when the query starts to the version after the newest."""
-    if version is None:
-        return None
+def _existing(spark: SparkSession, table: str, version: int) -> tuple[int, bool]:
+    """A starting version Delta can take for ``version``: itself, or the newest when ``version`` is the
+    next one, not committed yet (True)."""
     newest = tables.newest_version(spark, table)
     if version <= newest:
-        return version
+        return version, False
     if version == newest + 1:
-        return "latest"
+        return newest, True
     raise CheckpointError(f"gold's checkpoint goes on from version {version} of {table}, which has only {newest + 1}")
 
 
-def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, silver_version: int | None = None) -> DataFrame:
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:
     lateness_ms = parse_duration(settings.allowed_lateness)
     reader = spark.readStream.format("delta")
     if settings.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    silver = tables.read_stream(reader, lakehouse.silver_transactions, starting_version=silver_version)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions, starting_version=continued.silver)
+    if continued.silver_after_batch is not None:
+        silver = silver.where(F.col("silver_batch_id") > continued.silver_after_batch)
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
@@ -103,9 +115,12 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, s
     )
 
 
-def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, starting_version: int = 0) -> DataFrame:
+def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:
+    feed = rule_change_feed(spark, lakehouse, continued.rules)
+    if continued.rules_from is not None:
+        feed = feed.where(F.col("_commit_version") >= continued.rules_from)
     # Underscore-led names do not survive the trip to pandas; rename them.
-    changes = rule_change_feed(spark, lakehouse, starting_version).select(
+    changes = feed.select(
         *schema.RULE_FIELDS,
         F.col("_change_type").alias("change_type"),
         F.col("_commit_version").alias("commit_version"),
@@ -129,8 +144,8 @@ def evaluated(
 
     ``continued`` and ``initial_state``: a rescaled gold's first start (layers/rescale.py)."""
     stream = (
-        pack(_events(spark, lakehouse, settings, continued.silver))
-        .unionByName(_rule_changes(spark, lakehouse, settings, continued.rules), allowMissingColumns=True)
+        pack(_events(spark, lakehouse, settings, continued))
+        .unionByName(_rule_changes(spark, lakehouse, settings, continued), allowMissingColumns=True)
         .unionByName(
             _to_every_shard(spark, command_stream(spark, lakehouse, continued.commands), settings), allowMissingColumns=True
         )
@@ -140,6 +155,7 @@ def evaluated(
         settings.state_slots,
         parse_duration(settings.allowed_lateness),
         continued.watermark_floor_ms,
+        settings.shard_labels[0],
     )
     initial = None if initial_state is None else initial_state.groupBy("shard")
     return stream.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "EventTime", initialState=initial)

@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from rulewatch.engine.engine import KEY_SEPARATOR
 from rulewatch.engine.shards import shard_labels
 from rulewatch.spark.control.commands import record_command
-from rulewatch.spark.evaluator.history import GENERATION_KEYS, stored_histories
+from rulewatch.spark.evaluator.history import GENERATION_KEYS, stored_histories, unrecorded_layout
 from rulewatch.spark.evaluator.keying import shard_label
 from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, start_gold
@@ -43,6 +43,7 @@ from rulewatch.spark.storage.checkpoints import (
     GOLD_LAYOUT,
     RESCALED_FROM,
     SHARD_PARTITIONS,
+    SILVER_AFTER_BATCH,
     SOURCE_IDS,
     STARTING_VERSIONS,
     WATERMARK_FLOOR,
@@ -84,6 +85,10 @@ def rescale_gold(
     checkpoint = lakehouse.checkpoint("gold")
     if "://" in checkpoint:
         raise CheckpointError(f"gold rescale reads and moves checkpoint files; {checkpoint} is no local or mounted path")
+    staging = Path(checkpoint + ".rescale")
+    if not Path(checkpoint).exists() and (staging / GOLD_LAYOUT).is_file():
+        # Stopped between moving the old checkpoint aside and putting the new one in its place.
+        staging.rename(checkpoint)
     record = gold_record(checkpoint)
     if STARTING_VERSIONS in record and not has_run(checkpoint):
         say(f"finishing the rescale to {record['shards']} shards that did not run its first batch")
@@ -103,18 +108,20 @@ def rescale_gold(
 
     last, watermark, read = committed_sources(checkpoint)
     # A source that has read nothing yet goes on from where its query started it: a rescaled one's
-    # recorded version, else its first.
+    # recorded version, else its first. A rescaled query that has seen no event yet keeps its floor.
     started = record.get(STARTING_VERSIONS) or {}
     ids = {name: _table_id(spark, table) for name, table in _sources(lakehouse).items()}
     versions = {name: read.get(ids[name], started.get(name, 0)) for name in ids}
+    watermark = max(watermark, int(record.get(WATERMARK_FLOOR, 0)))
     partitions = shuffle_partitions or shards
     labels = shard_labels(shards, partitions)
-    staging = Path(checkpoint + ".rescale")
     shutil.rmtree(staging, ignore_errors=True)
     say(f"reading the state of gold batch {last + batch_base(checkpoint)} from {checkpoint}")
-    keys = _write_initial_state(spark, checkpoint, labels, str(staging / _STAGED))
+    keys = _write_initial_state(spark, checkpoint, last, labels, unrecorded_layout(before.state_slots, fresh=False), str(staging / _STAGED))
+    if committed_sources(checkpoint)[0] != last:
+        raise CheckpointError(f"gold ran batch {committed_sources(checkpoint)[0]} while its state was read: stop every other run on {lakehouse.root}, then rescale again")
 
-    kept_at = f"{checkpoint}.before-rescale-{time.strftime('%Y%m%d-%H%M%S')}"
+    kept_at = f"{checkpoint}.before-rescale-{time.strftime('%Y%m%d-%H%M%S')}-batch-{last + batch_base(checkpoint)}"
     new_record = {
         "shards": shards,
         "state_slots": before.state_slots,
@@ -123,6 +130,9 @@ def rescale_gold(
         WATERMARK_FLOOR: watermark,
         STARTING_VERSIONS: versions,
         SOURCE_IDS: ids,
+        # Silver's rows the old query read up to its next version: where that version is not committed
+        # yet, the new query starts at the one before and skips them by batch id (gold.Continued).
+        SILVER_AFTER_BATCH: _newest_batch(spark, lakehouse.silver_transactions, versions["silver"] - 1),
         RESCALED_FROM: {"shards": before.shards, "checkpoint": kept_at, "keys": keys},
     }
     (staging / GOLD_LAYOUT).write_text(json.dumps(new_record) + "\n", encoding="utf-8")
@@ -160,11 +170,20 @@ def _table_id(spark: SparkSession, table: str) -> str | None:
     return spark.sql(f"DESCRIBE DETAIL {tables.table_ref(table)}").first()["id"]
 
 
-def _state(spark: SparkSession, checkpoint: str, variable: str) -> DataFrame:
-    return spark.read.format("statestore").option("stateVarName", variable).load(checkpoint)
+def _newest_batch(spark: SparkSession, table: str, version: int) -> int:
+    """The newest ``silver_batch_id`` in silver as of ``version`` (-1: none)."""
+    if version < 0:
+        return -1
+    newest = tables.read(spark, table, version=version).agg(F.max("silver_batch_id")).first()[0]
+    return -1 if newest is None else int(newest)
 
 
-def _write_initial_state(spark: SparkSession, checkpoint: str, labels: list[int], out: str) -> int:
+def _state(spark: SparkSession, checkpoint: str, batch: int, variable: str) -> DataFrame:
+    # Pinned to the batch the sources' versions were read from.
+    return spark.read.format("statestore").option("batchId", batch).option("stateVarName", variable).load(checkpoint)
+
+
+def _write_initial_state(spark: SparkSession, checkpoint: str, batch: int, labels: list[int], unrecorded: str, out: str) -> int:
     """Write the new shards' initial state (``_INITIAL_STATE`` rows) to ``out``; returns the keys moved.
 
     Every shard gets the rule book (the old shards hold one and the same); each key goes to its shard
@@ -172,18 +191,19 @@ def _write_initial_state(spark: SparkSession, checkpoint: str, labels: list[int]
     # A state read needs the state store coordinator, which Spark starts with the session's first
     # streaming query; without it the read fails with CANNOT_LOAD_STATE_STORE (the query manager starts it).
     spark.streams.active
-    books = {row.value.text for row in _state(spark, checkpoint, "rules").collect()}
+    books = {row.value.text for row in _state(spark, checkpoint, batch, "rules").collect()}
     if len(books) != 1:
         raise CheckpointError(f"the shards of {checkpoint} hold {len(books)} different rule books; gold cannot be rescaled from it")
-    layouts = {row.key.shard: row.value.text for row in _state(spark, checkpoint, "layout").collect()}
-    entries = _state(spark, checkpoint, "history").select(
+    layouts = {row.key.shard: row.value.text for row in _state(spark, checkpoint, batch, "layout").collect()}
+    entries = _state(spark, checkpoint, batch, "history").select(
         F.col("key.shard").alias("old"), F.col("user_map_key.key").alias("entry"), F.col("user_map_value.blob").alias("blob")
     )
 
     def unpacked(frame):  # type: ignore[no-untyped-def]
         import pandas as pd
 
-        stored = stored_histories(dict(zip(frame["entry"], frame["blob"])), layouts.get(int(frame["old"].iloc[0]), "batch"))
+        # A shard whose state predates the layout record (and has not run since) has none: its old layout.
+        stored = stored_histories(dict(zip(frame["entry"], frame["blob"])), layouts.get(int(frame["old"].iloc[0]), unrecorded))
         return pd.DataFrame({"state_key": list(stored), "blob": list(stored.values())})
 
     keyed = entries.groupBy("old").applyInPandas(unpacked, "state_key string, blob binary").cache()

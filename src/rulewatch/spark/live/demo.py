@@ -3,10 +3,12 @@ the generator's labels (every pattern caught, how fast, the rule change's arriva
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -15,7 +17,8 @@ from pyspark.sql import functions as F
 from rulewatch.spark.live import generate
 from rulewatch.spark.storage import tables
 from rulewatch.spark.layers.bronze import Source
-from rulewatch.kafka.client import ensure_topic
+from rulewatch.kafka import consume
+from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import TopicWriter
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.storage.lakehouse import Lakehouse
@@ -157,6 +160,7 @@ class DemoReport:
     drain_seconds: float  # generator end -> streams caught up: ~one pass through the layers unless a backlog grew
     layers: dict[str, LayerProgress]
     rule_change: RuleChangeTiming | None = None
+    topic_latency_ms: list[int] | None = None  # ingest -> alert record on the alert topic (None: no alert topic)
 
     def lines(self) -> list[str]:
         g = self.generated
@@ -168,6 +172,7 @@ class DemoReport:
             "detection per injected pattern:",
             *self.score.lines(),
             f"ingest -> alert latency: {latency_summary(self.latency_ms)}",
+            *([f"ingest -> alert on the topic: {latency_summary(self.topic_latency_ms)}"] if self.topic_latency_ms is not None else []),
             f"event  -> alert latency: {latency_summary(self.event_latency_ms)}",
             *([self.rule_change.line()] if self.rule_change else []),
             "micro-batches that read rows (count, median and max time, where the time went):",
@@ -244,7 +249,20 @@ def demo(
         drain_seconds=drain_seconds,
         layers=monitor.layers,
         rule_change=first_evaluation(spark, lakehouse, change) if change else None,
+        topic_latency_ms=None if settings.gold.alerts_topic is None else topic_latencies(settings.gold.alerts_topic, run_prefix),
     )
+
+
+def topic_latencies(topic: KafkaTopic, run_prefix: str) -> list[int]:
+    """Per alert of this run on ``topic``: its first record's timestamp minus the event's ingest time, in ms
+    (a replayed batch publishes an alert again; the first record is when downstream could act)."""
+    first: dict[str, int] = {}
+    for stamp, value in consume.held(topic):
+        alert = json.loads(value)
+        if alert["transaction_id"].startswith(run_prefix) and alert.get("ingest_time"):
+            ingest = datetime.fromisoformat(alert["ingest_time"].replace("Z", "+00:00"))
+            first.setdefault(alert["alert_id"], stamp - round(ingest.timestamp() * 1000))
+    return list(first.values())
 
 
 def _generate(config: generate.GeneratorConfig, landing: Path | KafkaSource, labels: Path, stop: threading.Event) -> generate.GenerateResult:

@@ -196,6 +196,7 @@ BATCH_BASE = "batch_base"  # added to the checkpoint's batch ids in every table 
 WATERMARK_FLOOR = "watermark_floor_ms"  # the old query's watermark: no event it would call late is evaluated
 STARTING_VERSIONS = "starting_versions"  # where each Delta source of the first batch starts
 SOURCE_IDS = "source_ids"  # those sources' Delta table ids
+SILVER_AFTER_BATCH = "silver_after_batch"  # silver's newest batch id the old query read (rows after it are new)
 RESCALED_FROM = "rescaled_from"  # the old shard count and its last batch, for people
 
 

@@ -30,10 +30,12 @@ def _ddl(schema: StructType) -> str:
     )
 
 
-def read(spark: SparkSession, table: str) -> DataFrame:
+def read(spark: SparkSession, table: str, version: int | None = None) -> DataFrame:
+    """The table as it is now, or as of ``version``."""
+    reader = spark.read if version is None else spark.read.option("versionAsOf", version)
     if is_table_name(table):
-        return spark.read.table(table_ref(table))
-    return spark.read.format("delta").load(table)
+        return reader.table(table_ref(table))
+    return reader.format("delta").load(table)
 
 
 def read_stream(reader: DataStreamReader, table: str, starting_version: int | str | None = None) -> DataFrame:
