@@ -11,12 +11,13 @@ from rulewatch.cli import arguments, kafka_cli
 
 def cmd_rescale(args: argparse.Namespace) -> int:
     from rulewatch.spark.evaluator.settings import GoldSettings
-    from rulewatch.spark.layers.rescale import rescale_gold
+    from rulewatch.spark.layers.rescale import rescale_gold, staged
     from rulewatch.spark.runtime.session import get_spark
     from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
 
     lakehouse = Lakehouse(args.lakehouse)
-    if not Path(lakehouse.checkpoint("gold")).is_dir() and not Path(lakehouse.checkpoint("gold") + ".rescale").is_dir():
+    checkpoint = lakehouse.checkpoint("gold")
+    if not Path(checkpoint).is_dir() and not staged(checkpoint).is_dir():  # said before Spark starts
         print(f"rulewatch: gold has not run on {lakehouse.root}: nothing to rescale (give --shards to its first run)", file=sys.stderr)
         return 2
     # The catch-up before the move and the new query's first batch evaluate what silver holds: with the

@@ -184,17 +184,20 @@ def request_clear_state(
         problem = clear_point_problem(clear_before, *seen, datetime.now(timezone.utc), future_tolerance())
         if problem is not None:
             raise CommandError(problem)
-    ensure_commands_table(spark, lakehouse)
-    row = (str(uuid.uuid4()), CLEAR_STATE, rule_id, clear_before, datetime.now(timezone.utc), requested_by or getpass.getuser())
-    tables.save(spark.createDataFrame([row], schema.RULE_COMMANDS).write.format("delta").mode("append"), lakehouse.rule_commands)
+    _append(spark, lakehouse, CLEAR_STATE, rule_id, clear_before, requested_by)
     return ClearRequest(rule_id, clear_before)
 
 
 def record_command(spark: SparkSession, lakehouse: Lakehouse, command: str, requested_by: str | None = None) -> None:
     """Append a command the evaluator does nothing with but read (a rescale's first batch needs input)."""
+    _append(spark, lakehouse, command, None, datetime.now(timezone.utc), requested_by)
+
+
+def _append(
+    spark: SparkSession, lakehouse: Lakehouse, command: str, rule_id: int | None, clear_before: datetime, requested_by: str | None
+) -> None:
     ensure_commands_table(spark, lakehouse)
-    now = datetime.now(timezone.utc)
-    row = (str(uuid.uuid4()), command, None, now, now, requested_by or getpass.getuser())
+    row = (str(uuid.uuid4()), command, rule_id, clear_before, datetime.now(timezone.utc), requested_by or getpass.getuser())
     tables.save(spark.createDataFrame([row], schema.RULE_COMMANDS).write.format("delta").mode("append"), lakehouse.rule_commands)
 
 

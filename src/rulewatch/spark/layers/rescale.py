@@ -70,6 +70,11 @@ class Rescaled:
     batch: int  # the old query's last batch; the new one's go on from the next
 
 
+def staged(checkpoint: str) -> Path:
+    """Where a rescale builds the new checkpoint before it takes the old one's place."""
+    return Path(checkpoint + ".rescale")
+
+
 def rescale_gold(
     spark: SparkSession,
     lakehouse: Lakehouse,
@@ -85,7 +90,7 @@ def rescale_gold(
     checkpoint = lakehouse.checkpoint("gold")
     if "://" in checkpoint:
         raise CheckpointError(f"gold rescale reads and moves checkpoint files; {checkpoint} is no local or mounted path")
-    staging = Path(checkpoint + ".rescale")
+    staging = staged(checkpoint)
     if not Path(checkpoint).exists() and (staging / GOLD_LAYOUT).is_file():
         # Stopped between moving the old checkpoint aside and putting the new one in its place.
         staging.rename(checkpoint)
@@ -107,6 +112,7 @@ def rescale_gold(
         raise RuntimeError(f"gold failed before the rescale: {query.exception()}")
 
     last, watermark, read = committed_sources(checkpoint)
+    base = batch_base(checkpoint)
     # A source that has read nothing yet goes on from where its query started it: a rescaled one's
     # recorded version, else its first. A rescaled query that has seen no event yet keeps its floor.
     started = record.get(STARTING_VERSIONS) or {}
@@ -116,17 +122,18 @@ def rescale_gold(
     partitions = shuffle_partitions or shards
     labels = shard_labels(shards, partitions)
     shutil.rmtree(staging, ignore_errors=True)
-    say(f"reading the state of gold batch {last + batch_base(checkpoint)} from {checkpoint}")
+    say(f"reading the state of gold batch {last + base} from {checkpoint}")
     keys = _write_initial_state(spark, checkpoint, last, labels, unrecorded_layout(before.state_slots, fresh=False), str(staging / _STAGED))
-    if committed_sources(checkpoint)[0] != last:
-        raise CheckpointError(f"gold ran batch {committed_sources(checkpoint)[0]} while its state was read: stop every other run on {lakehouse.root}, then rescale again")
+    newest = committed_sources(checkpoint)[0]
+    if newest != last:
+        raise CheckpointError(f"gold ran batch {newest} while its state was read: stop every other run on {lakehouse.root}, then rescale again")
 
-    kept_at = f"{checkpoint}.before-rescale-{time.strftime('%Y%m%d-%H%M%S')}-batch-{last + batch_base(checkpoint)}"
+    kept_at = f"{checkpoint}.before-rescale-{time.strftime('%Y%m%d-%H%M%S')}-batch-{last + base}"
     new_record = {
         "shards": shards,
         "state_slots": before.state_slots,
         SHARD_PARTITIONS: partitions,
-        BATCH_BASE: last + 1 + batch_base(checkpoint),
+        BATCH_BASE: last + 1 + base,
         WATERMARK_FLOOR: watermark,
         STARTING_VERSIONS: versions,
         SOURCE_IDS: ids,

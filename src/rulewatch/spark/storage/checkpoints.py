@@ -83,18 +83,25 @@ def delta_version_read(checkpoint: str, table_id: str) -> int | None:
     committed = _numbered(Path(checkpoint, "commits"))
     if not committed:
         return None
-    # After the version line and the batch's metadata: each source's end offset ("-": none yet). A Delta
-    # source's offset names its table by id, and a negative index (before the version's first change) means
-    # nothing of that version was read.
-    for line in Path(checkpoint, "offsets", str(committed[-1])).read_text(encoding="utf-8").splitlines()[2:]:
-        offset = json.loads(line) if line.startswith("{") else {}
-        if offset.get("reservoirId") == table_id:
-            version = offset["reservoirVersion"]
-            return version - 1 if offset["index"] < 0 else version
+    # A negative index (before the version's first change) means nothing of that version was read.
+    offset = _delta_offsets(Path(checkpoint), committed[-1]).get(table_id)
+    if offset is not None:
+        version = offset["reservoirVersion"]
+        return version - 1 if offset["index"] < 0 else version
     # No offset yet: a rescaled gold's source has read nothing since where the old query stopped.
     record = gold_record(checkpoint)
     name = next((name for name, source in record.get(SOURCE_IDS, {}).items() if source == table_id), None)
     return None if name is None else int(record[STARTING_VERSIONS][name]) - 1
+
+
+def _delta_offsets(root: Path, batch: int) -> dict[str, dict]:
+    """Each Delta source's end offset after ``batch``, by table id.
+
+    After the version line and the batch's metadata, each source's end offset ("-": none yet); a Delta
+    source's offset names its table by id."""
+    lines = (root / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()[2:]
+    offsets = (json.loads(line) for line in lines if line.startswith("{"))
+    return {offset["reservoirId"]: offset for offset in offsets if "reservoirId" in offset}
 
 
 def _rows_written(metrics_table: str, layers: list[str]) -> dict[str, int]:
@@ -233,18 +240,14 @@ def committed_sources(checkpoint: str) -> tuple[int, int, dict[str, int]]:
     for folder in ("offsets", "commits"):
         _check_log_file(root / folder / str(last))
     commit = json.loads((root / "commits" / str(last)).read_text(encoding="utf-8").splitlines()[1])
-    versions: dict[str, int] = {}
-    for line in (root / "offsets" / str(last)).read_text(encoding="utf-8").splitlines()[2:]:
-        offset = json.loads(line) if line.startswith("{") else {}
-        if "reservoirId" not in offset:
-            continue
+    offsets = _delta_offsets(root, last)
+    for table_id, offset in offsets.items():
         if offset["index"] >= 0:
             raise CheckpointError(
                 f"batch {last} of {checkpoint} stopped inside version {offset['reservoirVersion']} of Delta table "
-                f"{offset['reservoirId']}; run gold once more (it then reads to the end of the versions there are)"
+                f"{table_id}; run gold once more (it then reads to the end of the versions there are)"
             )
-        versions[offset["reservoirId"]] = int(offset["reservoirVersion"])
-    return last, int(commit.get("nextBatchWatermarkMs", 0)), versions
+    return last, int(commit.get("nextBatchWatermarkMs", 0)), {table_id: int(o["reservoirVersion"]) for table_id, o in offsets.items()}
 
 
 def as_flags(layout: dict[str, int]) -> str:
@@ -259,10 +262,7 @@ def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[st
     the default) resumes without its flags; a value given that differs from the record is still
     refused by :func:`check_gold_layout`.
     """
-    record = Path(checkpoint) / GOLD_LAYOUT
-    stored: dict[str, int] = {}
-    if "://" not in checkpoint and record.exists() and _numbered(Path(checkpoint) / "commits"):
-        stored = json.loads(record.read_text(encoding="utf-8"))
+    stored = gold_record(checkpoint) if has_run(checkpoint) else {}
     filled = {name: int(stored[name]) for name, value in asked.items() if value is None and name in stored}
     layout = {name: asked[name] if asked[name] is not None else filled.get(name, defaults[name]) for name in asked}
     return layout, {name: value for name, value in filled.items() if value != defaults[name]}
@@ -286,15 +286,15 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
     if "://" in checkpoint:
         return 0
     record = Path(checkpoint) / GOLD_LAYOUT
-    has_run = bool(_numbered(Path(checkpoint) / "commits"))
-    stored = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
-    if STARTING_VERSIONS in stored and not has_run and not rescaling:
+    ran = has_run(checkpoint)
+    stored = gold_record(checkpoint)
+    if STARTING_VERSIONS in stored and not ran and not rescaling:
         raise CheckpointError(
             f"gold's rescale to {stored.get('shards')} shards did not finish (checkpoint {checkpoint} has not run yet "
             f"and the old state waits beside it): run `rulewatch gold rescale --shards {stored.get('shards')}` on this "
             "lakehouse again to finish it"
         )
-    if record.exists() and has_run:
+    if record.exists() and ran:
         began_with = {name: stored.get(name) for name in layout}
         if began_with != layout:
             began = as_flags(began_with)
@@ -305,7 +305,7 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
                 f"the state layout is kept for good, short of rebuilding gold ({RECOVERY})."
             )
         return int(stored.get(SHARD_PARTITIONS, 0))
-    spread = 0 if has_run else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
+    spread = 0 if ran else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({**stored, **layout, SHARD_PARTITIONS: spread}) + "\n", encoding="utf-8")
     return spread
