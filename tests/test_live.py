@@ -114,6 +114,10 @@ def test_demo_catches_every_pattern_and_a_second_run_continues(spark, tmp_path, 
     assert first.score.false_positives == []
     assert first.latency_ms and all(0 < ms < 240_000 for ms in first.latency_ms)
     assert first.topic_latency_ms is None and not any("on the topic" in line for line in first.lines())
+    # Where the batches' seconds went, step by step, for each layer (pipeline_metrics.step_ms).
+    assert list(first.steps) == ["bronze", "silver", "gold"] and {"parse", "dedup"} <= set(first.steps["silver"])
+    assert 0 < len(first.steps["gold"]["evaluate"]) <= len(first.layers["gold"].batch_ms)
+    assert any(re.match(r"  gold   (\w+ [0-9.]+/[0-9.]+s, )*evaluate [0-9.]+/[0-9.]+s", line) for line in first.lines())
     # Each alert is printed as its batch commits, up to five a poll and the rest counted: however
     # the batches fell (a loaded host lands more alerts per poll), every alert is accounted for once.
     printed = [line for line in lines if line.startswith("  ALERT rule ")]

@@ -15,12 +15,22 @@ from rulewatch.spark.storage.checkpoints import check_queries
 from rulewatch.spark.storage.delta_log import committed_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import (
-    PENDING, Recorder, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
+    PENDING, Recorder, Steps, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
 from rulewatch.spark.layers.pipeline import metrics_gathered
 from rulewatch.spark.runtime.session import foreach_batch_runs_here
 from rulewatch.spark.storage.sinks import history_batches, per_run
 from rulewatch.spark.storage.tables import read
+
+
+def test_steps_add_up_each_named_steps_time_and_keep_a_failed_steps():
+    steps = Steps()
+    with steps("parse"):
+        time.sleep(0.02)
+    assert steps.timed("parse", lambda: time.sleep(0.01) or "done")() == "done"
+    with pytest.raises(ValueError), steps("append"):
+        raise ValueError
+    assert set(steps.ms) == {"parse", "append"} and steps.ms["parse"] >= 30 and steps.ms["append"] >= 0
 
 
 def test_nearest_rank_percentiles_are_observed_values():

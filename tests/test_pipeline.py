@@ -184,6 +184,12 @@ def test_pipeline_metrics_account_for_every_batch_of_every_layer(spark, fixture_
         ids = sorted(r.batch_id for r in batches)
         assert ids == list(range(len(ids))), f"{layer} metrics batches {ids}"
         assert all(r.batch_start <= r.batch_end and r.processing_ms >= 0 for r in batches)
+    # Where each batch's time went: the steps each layer runs, none timed longer than its batch.
+    steps = {"bronze": {"landing", "append"}, "silver": {"parse", "dedup", "transactions", "quarantine", "duplicates"},
+             "gold": {"evaluate", "alerts", "window_metrics", "late_events", "rule_errors"}}  # fmt: skip
+    for layer, batches in by_layer.items():
+        assert all(steps[layer] <= set(r.step_ms) for r in batches), [r.step_ms for r in batches]
+        assert all(0 <= ms <= r.processing_ms for r in batches for ms in r.step_ms.values())
 
 
 def test_latest_alerts_are_the_newest_by_event_time_in_reading_order(spark, fixture_run):

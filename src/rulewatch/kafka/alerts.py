@@ -1,12 +1,12 @@
 """Gold's alerts on a Kafka topic, for systems downstream (card blocking, case management).
 
-Delivery is at least once: the topic is written after ``gold/alerts`` commits, in the same
-micro-batch, so a crash between the two replays the batch and publishes its alerts again (the
-Delta append is skipped by its transaction id, so the table still holds each alert once).
-What is published is the batch's rows read back from ``gold/alerts``, not the batch's frame: the
-frame's ``decision_time`` (and so ``latency_ms``) is taken anew each time it is evaluated, the
-committed rows are not, so every publish of a batch, replays included, sends the table's records.
-Consumers deduplicate on ``alert_id``, which is the same on every replay.
+Delivery is at least once, and first: a gold batch publishes its alerts as soon as the evaluator
+has decided them, before its Delta appends, so a consumer waits for no commit. A crash before the
+batch's commit replays it: the evaluator decides the same alerts again (same ``alert_id``) and
+publishes them again with the replay's ``decision_time``. Every ``gold/alerts`` row is on the topic
+exactly as it is (the attempt that committed it published it first, with the same decision time);
+a repeat differs from it only in ``decision_time`` and ``latency_ms``. Consumers deduplicate on
+``alert_id``. A consumer may see an alert a few seconds before ``gold/alerts`` holds it.
 
 Record key: ``<rule_id>:<group_key>`` (one key's alerts stay in order on one partition); value:
 the ``gold/alerts`` row as JSON, timestamps ISO 8601 in UTC with microseconds (as stored).
@@ -14,11 +14,10 @@ the ``gold/alerts`` row as JSON, timestamps ISO 8601 in UTC with microseconds (a
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from rulewatch.kafka.client import KafkaTopic, spark_options
-from rulewatch.spark.storage import tables
 
 # Spark's JSON default keeps milliseconds; decision_time has microseconds, and the record must equal the row.
 TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
@@ -30,11 +29,6 @@ def records(alerts: DataFrame) -> DataFrame:
         F.concat_ws(":", F.col("rule_id").cast("string"), "group_key").alias("key"),
         F.to_json(F.struct(*alerts.columns), {"timestampFormat": TIMESTAMP_FORMAT}).alias("value"),
     )
-
-
-def committed(spark: SparkSession, alerts_table: str, batch_id: int) -> DataFrame:
-    """The rows gold batch ``batch_id`` committed to the alerts table at ``alerts_table``."""
-    return tables.read(spark, alerts_table).where(F.col("gold_batch_id") == batch_id)
 
 
 def publish(alerts: DataFrame, topic: KafkaTopic) -> None:

@@ -13,7 +13,7 @@ from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.layers.landing import check_landing, check_recorded_source, read_once
-from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table
+from rulewatch.spark.storage.metrics import Recorder, Steps, ensure_metrics_table
 from rulewatch.spark.storage.schema import BRONZE
 from rulewatch.spark.runtime.env import is_databricks
 from rulewatch.spark.storage.sinks import append_once, per_run, sink_name
@@ -116,18 +116,21 @@ def ensure_bronze_table(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: Source) -> None:
     started = time.time()
-    batch = landed(batch, source, lakehouse.checkpoint("bronze"))
+    steps = Steps()
+    with steps("landing"):
+        batch = landed(batch, source, lakehouse.checkpoint("bronze"))
     # The append counts the lines as it writes them: a count of its own read the whole batch once
     # more, through a cache (1M lines: ~1.5 s of bronze's ~5 s, docs/journal/benchmarks.md).
     counted = Observation()
-    appended = append(numbered(batch).observe(counted, F.count(F.lit(1)).alias("lines")), lakehouse, batch_id)
+    with steps("append"):
+        appended = append(numbered(batch).observe(counted, F.count(F.lit(1)).alias("lines")), lakehouse, batch_id)
     # None after a replay of a batch whose append committed, and under Spark Connect when the server
     # answered before the observation completed (it then sends no values: 4.2's ExecuteThreadRunner
     # does not wait for them). The count is only needed for the metrics row: read the batch again.
     count = counted.get.get("lines") if appended else None
     if count is None:
         count = batch.count()
-    recorder.record(batch.sparkSession, batch_id, started, **landed_counts(lakehouse, count))
+    recorder.record(batch.sparkSession, batch_id, started, step_ms=steps.ms, **landed_counts(lakehouse, count))
 
 
 def start_bronze(

@@ -8,7 +8,7 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (stora
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 from dataclasses import dataclass, replace
 from functools import partial
@@ -29,7 +29,7 @@ from rulewatch.kafka.client import KafkaTopic
 from rulewatch.spark.evaluator.keying import fan_out, keysets, shard_label
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.evaluator.packing import pack
-from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, latency_columns, metrics_row
+from rulewatch.spark.storage.metrics import Recorder, Steps, ensure_metrics_table, latency_columns, metrics_row
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.control.rules_table import ensure_rules_table, rule_change_feed
 from rulewatch.spark.runtime.session import session_confs
@@ -188,11 +188,16 @@ def write_batch(
     ``window_metrics`` (GoldSettings'): which keys' window metrics are written (``kept_metric``);
     ``held_keysets``: where the keysets the evaluator holds rules for are kept for routing."""
     started = time.time()
+    steps = Steps()
     out = out.persist()
     try:
         batch = batch_column("gold_batch_id", batch_id)
         kept = kept_metric() if window_metrics == "near" else F.lit(True)
-        decision = F.current_timestamp()
+        with steps("evaluate"):  # the first job over ``out``: the evaluator's batch runs in it
+            counts, summaries = _counts(out, kept, details=on_alerts is not None)
+        # One time for the batch's alerts, taken once the evaluator has decided: the topic's records
+        # and the table's rows are separate jobs and must carry the same.
+        decision = F.lit(datetime.now(timezone.utc))
         alerts = out.where("kind = 'alert'").select(
             F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
             "rule_id",
@@ -239,7 +244,6 @@ def write_batch(
             F.col("detail").alias("reason"),
             batch,
         )
-        counts, summaries = _counts(out, kept, details=on_alerts is not None)
         fired = counts.pop("fired")
         metrics = per_key
         if summaries:  # each rule's summary row rides in the per-key rows' append: a table of its own costs a commit a batch
@@ -255,14 +259,16 @@ def write_batch(
             (late, lakehouse.late_events, "late_events", counts["late_events"]),
             (errors, lakehouse.rule_errors, "rule_errors", counts.pop("rule_errors")),
         ]:
-            writes.append(partial(append_once, frame, path, sink_name("gold", sink), batch_id, rows=rows))
+            writes.append(steps.timed(sink, partial(append_once, frame, path, sink_name("gold", sink), batch_id, rows=rows)))
             written[lakehouse.name_of(path)] = rows
         if alerts_topic and counts["alerts"]:
-            writes[0] = partial(_alerts_to_topic, writes[0], out.sparkSession, lakehouse, batch_id, alerts_topic)
+            with steps("topic"):
+                _alerts_to_topic(alerts, batch_id, alerts_topic)
         together(writes)
         held = counts.pop("keysets")
         if held_keysets is not None and held is not None:
-            held_keysets.record(out.sparkSession, held, batch_id)
+            with steps("keysets"):
+                held_keysets.record(out.sparkSession, held, batch_id)
         committed = time.time()
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         row = metrics_row(
@@ -272,6 +278,7 @@ def write_batch(
             rows_written=written,
             state_rows_total=rows_total,
             state_bytes_total=bytes_total,
+            step_ms=steps.ms,
             **latency_columns([r.ingest_ms for r in fired if r.ingest_ms], [r.event_ms for r in fired], round(committed * 1000)),
         )  # fmt: skip
         if on_alerts:
@@ -302,11 +309,10 @@ class HeldKeysets:
         self.known = list(held)
 
 
-def _alerts_to_topic(append: Callable[[], None], spark: SparkSession, lakehouse: Lakehouse, batch_id: int, topic: KafkaTopic) -> None:
-    append()
-    # After the Delta commit, so a replay re-publishes rather than loses (at least once); the
-    # committed rows, so the topic carries the table's decision_time on every replay.
-    kafka_alerts.publish(kafka_alerts.committed(spark, lakehouse.alerts, batch_id), topic)
+def _alerts_to_topic(alerts: DataFrame, batch_id: int, topic: KafkaTopic) -> None:
+    # Before the Delta appends: downstream acts on the topic, so it waits for no commit. A crash
+    # before the batch's commit replays it and publishes again (at least once, same alert_id).
+    kafka_alerts.publish(alerts, topic)
     crash_point(sink_name("kafka", "alerts"), batch_id, "after")
 
 

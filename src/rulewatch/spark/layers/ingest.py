@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.layers import bronze, silver
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from rulewatch.spark.storage.metrics import Recorder, metrics_row
+from rulewatch.spark.storage.metrics import Recorder, Steps, metrics_row
 from rulewatch.spark.storage.sinks import per_run, together
 
 QUERY = "ingest"
@@ -27,12 +27,15 @@ QUERY = "ingest"
 
 def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder: Recorder, source: bronze.Source) -> None:
     started = time.time()
-    lines = bronze.numbered(bronze.landed(batch, source, lakehouse.checkpoint(QUERY))).persist()
+    steps = Steps()  # bronze's; silver times its own
+    with steps("landing"):
+        lines = bronze.numbered(bronze.landed(batch, source, lakehouse.checkpoint(QUERY))).persist()
     try:
         done: dict[str, Any] = {}
 
         def to_bronze() -> None:
-            bronze.append(lines, lakehouse, batch_id, layer=QUERY)
+            with steps("append"):
+                bronze.append(lines, lakehouse, batch_id, layer=QUERY)
             done["bronze"] = time.time()
 
         def to_silver() -> None:
@@ -44,7 +47,7 @@ def write_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorder:
         counts = done["counts"]
         landed = counts["rows_in"]  # silver classifies every line: no separate count job
         rows = [
-            metrics_row("bronze", batch_id, started, done["bronze"], **bronze.landed_counts(lakehouse, landed)),
+            metrics_row("bronze", batch_id, started, done["bronze"], step_ms=steps.ms, **bronze.landed_counts(lakehouse, landed)),
             metrics_row("silver", batch_id, started, done["silver"], **counts),
         ]
         recorder.record_rows(batch.sparkSession, batch_id, rows)

@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rulewatch.engine.identity import EDGE_CHARACTERS, composed
 from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table
+from rulewatch.spark.storage.metrics import Recorder, Steps, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
 from rulewatch.spark.runtime.env import env_duration, future_tolerance
 from rulewatch.spark.storage.sinks import append_once, batch_column, per_run, sink_name, together
@@ -438,30 +438,33 @@ def _repeats(valid: DataFrame, earlier: DataFrame | None, horizon_ms: int) -> Da
     )
 
 
-def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, int]:
+def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver", steps: Steps | None = None) -> dict[str, int]:
     """Numbered bronze lines -> silver / quarantine / duplicates as batch ``batch_id`` of query ``layer``.
 
-    Returns the batch's counts for ``pipeline_metrics``. A table this batch adds nothing to gets no
-    commit (each costs a Delta state reconstruction); a replay classifies identically, so it skips
-    the same ones.
+    Returns the batch's counts for ``pipeline_metrics`` (with ``step_ms``: ``steps``' times). A table
+    this batch adds nothing to gets no commit (each costs a Delta state reconstruction); a replay
+    classifies identically, so it skips the same ones.
     """
     spark = lines.sparkSession
+    steps = steps or Steps()
     horizon_ms = dedup_horizon_ms()
     parsed = rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
     repeats = None
     try:
         valid_time = F.when(F.col("_valid"), F.col("event_time"))
         needs_nfc = F.col("_valid") & _non_ascii(ID_COLUMNS)
-        low, high, valid_n, total, non_ascii = rows.agg(
-            F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1)), F.count(F.when(needs_nfc, 1))
-        ).first()
+        with steps("parse"):
+            low, high, valid_n, total, non_ascii = rows.agg(
+                F.min(valid_time), F.max(valid_time), F.count(F.when(F.col("_valid"), 1)), F.count(F.lit(1)), F.count(F.when(needs_nfc, 1))
+            ).first()
         if non_ascii:
             rows = _composed(parsed, needs_nfc).persist()  # built from the cached parse, kept until the end
         valid = rows.where("_valid")
         ids = valid.select("transaction_id")
-        earlier = _earlier_times(spark, lakehouse, batch_id, ids, (low, high), horizon_ms) if low is not None else None
-        repeats = _repeats(valid, earlier, horizon_ms).persist()
-        repeated_n = repeats.count()
+        with steps("dedup"):
+            earlier = _earlier_times(spark, lakehouse, batch_id, ids, (low, high), horizon_ms) if low is not None else None
+            repeats = _repeats(valid, earlier, horizon_ms).persist()
+            repeated_n = repeats.count()
         # Null-safe: lines built by hand (tests, notebooks) may lack an ingest time.
         same_line = [F.col(c).eqNullSafe(F.col(f"_repeat_{c}")) for c in LINE_ORDER]
         joined = rows.join(F.broadcast(repeats) if repeated_n <= BROADCAST_REPEATS else repeats, same_line, "left")
@@ -483,8 +486,8 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
              ["transaction_id", "value", "source_file", "ingest_time", batch, F.col("_repeat_conflict").alias("conflict")]),
         ]  # fmt: skip
         together([
-            partial(append_once, classified.where(F.col("_class") == name).select(*columns), path,
-                    sink_name(layer, sink), batch_id, rows=counts[name])
+            steps.timed(sink, partial(append_once, classified.where(F.col("_class") == name).select(*columns), path,
+                                      sink_name(layer, sink), batch_id, rows=counts[name]))
             for name, path, sink, columns in outputs
         ])  # fmt: skip
     finally:
@@ -499,6 +502,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
         "quarantined": quarantined,
         "duplicates": duplicates,
         "rows_written": {lakehouse.name_of(path): counts[name] for name, path, _, _ in outputs},
+        "step_ms": steps.ms,
     }
 
 

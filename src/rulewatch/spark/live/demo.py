@@ -8,7 +8,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -161,6 +161,7 @@ class DemoReport:
     layers: dict[str, LayerProgress]
     rule_change: RuleChangeTiming | None = None
     topic_latency_ms: list[int] | None = None  # ingest -> alert record on the alert topic (None: no alert topic)
+    steps: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # batch_steps'
 
     def lines(self) -> list[str]:
         g = self.generated
@@ -177,7 +178,30 @@ class DemoReport:
             *([self.rule_change.line()] if self.rule_change else []),
             "micro-batches that read rows (count, median and max time, where the time went):",
             *[f"  {name:<6} {_batch_summary(layer)}" for name, layer in self.layers.items()],
+            *(["inside those batches, each step's median and max (steps run at once overlap):"] if self.steps else []),
+            *[f"  {layer:<6} {_steps_summary(steps)}" for layer, steps in self.steps.items()],
         ]
+
+
+def _steps_summary(steps: dict[str, list[int]]) -> str:
+    ordered = sorted(steps.items(), key=lambda item: -(percentile(item[1], 50) or 0))
+    return ", ".join(f"{name} {percentile(ms, 50) / 1000:.2f}/{max(ms) / 1000:.2f}s" for name, ms in ordered)
+
+
+def batch_steps(spark: SparkSession, lakehouse: Lakehouse, since: datetime) -> dict[str, dict[str, list[int]]]:
+    """Per layer, each step's milliseconds (``pipeline_metrics.step_ms``) in the batches that read rows
+    and started at ``since`` or later, in data-flow order."""
+    rows = (
+        tables.read(spark, lakehouse.pipeline_metrics)
+        .where((F.col("batch_start") >= since) & (F.col("rows_in") > 0) & F.col("step_ms").isNotNull())
+        .select("layer", "step_ms")
+        .collect()
+    )
+    found: dict[str, dict[str, list[int]]] = {}
+    for row in rows:
+        for step, ms in row.step_ms.items():
+            found.setdefault(row.layer, {}).setdefault(step, []).append(ms)
+    return {layer: found[layer] for layer in ("bronze", "silver", "gold") if layer in found}
 
 
 def demo(
@@ -206,6 +230,7 @@ def demo(
         landing.mkdir(parents=True, exist_ok=True)  # the file source refuses a folder that does not exist yet
         source = str(landing)
     monitor = _monitor(spark, lakehouse)
+    started = datetime.now(timezone.utc)
     streams = start_streams(spark, lakehouse, source, settings)
     monitor.queries, monitor.feed = streams.queries, streams.feed
     stop = threading.Event()
@@ -250,6 +275,7 @@ def demo(
         layers=monitor.layers,
         rule_change=first_evaluation(spark, lakehouse, change) if change else None,
         topic_latency_ms=None if settings.gold.alerts_topic is None else topic_latencies(settings.gold.alerts_topic, run_prefix),
+        steps=batch_steps(spark, lakehouse, started),
     )
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
@@ -38,6 +39,33 @@ def percentile(values: Sequence[int], q: float) -> int | None:
         return None
     ordered = sorted(values)
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+class Steps:
+    """Wall milliseconds of a micro-batch's steps, for its ``pipeline_metrics`` row (``step_ms``):
+    where a batch's seconds go, which Spark's progress report shows only as one ``addBatch``.
+
+    Steps run at once (sinks.together) overlap, so they may add up to more than the batch."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, int] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] = self.ms.get(name, 0) + round((time.perf_counter() - started) * 1000)
+
+    def timed(self, name: str, step: Callable[[], Any]) -> Callable[[], Any]:
+        """``step`` timed as ``name`` when called (for sinks.together's lists)."""
+
+        def run() -> Any:
+            with self(name):
+                return step()
+
+        return run
 
 
 def latency_columns(ingest_ms: Sequence[int], event_ms: Sequence[int], committed_ms: int) -> dict[str, int | None]:

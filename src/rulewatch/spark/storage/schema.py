@@ -207,6 +207,7 @@ PIPELINE_METRICS = StructType([
     StructField("active_rules", IntegerType(), metadata={"comment": "Active rules after the batch (gold)"}),
     StructField("rules_version", LongType(), metadata={"comment": "Newest config/rules commit version applied (gold)"}),
     StructField("rows_written", MapType(StringType(), LongType()), metadata={"comment": "Rows appended per table (layer/table) by the micro-batch; a start-up check compares it with each table's commits"}),
+    StructField("step_ms", MapType(StringType(), LongType()), metadata={"comment": "Wall ms of each step of the micro-batch (parse, evaluate, each table's append, ...); steps run at once overlap"}),
 ])  # fmt: skip
 
 # gold/rule_history: one row per change of config/rules, built from its change data feed.
