@@ -264,11 +264,10 @@ def write_batch(
         if alerts_topic and counts["alerts"]:
             with steps("topic"):
                 _alerts_to_topic(alerts, batch_id, alerts_topic)
-        together(writes)
         held = counts.pop("keysets")
-        if held_keysets is not None and held is not None:
-            with steps("keysets"):
-                held_keysets.record(out.sparkSession, held, batch_id)
+        if held_keysets is not None and held is not None:  # read by the next batch's routing, so beside the appends
+            writes.append(steps.timed("keysets", partial(held_keysets.record, out.sparkSession, held, batch_id)))
+        together(writes)
         committed = time.time()
         rows_total, bytes_total = state_totals() if state_totals else (None, None)
         row = metrics_row(
