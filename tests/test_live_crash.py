@@ -125,3 +125,4 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
         undecided = [{json.dumps({k: v for k, v in r.items() if k not in ("decision_time", "latency_ms")}, sort_keys=True) for r in repeats}
                      for repeats in published.values()]  # fmt: skip
         assert all(len(kinds) == 1 for kinds in undecided), kills
+        assert any(len(repeats) > 1 for repeats in published.values()), kills  # the gold kill came after its batch published

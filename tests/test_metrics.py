@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from rulewatch.spark.storage.checkpoints import check_queries
 from rulewatch.spark.storage.delta_log import committed_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.schema import PIPELINE_METRICS
 from rulewatch.spark.storage.metrics import (
     PENDING, Recorder, Steps, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
@@ -110,6 +112,18 @@ def test_rows_a_killed_run_left_kept_are_appended_once(spark, tmp_path):
     _write_pending(lakehouse, "gold", 9, [metrics_row("gold", 9, now, now)])
     with pytest.raises(ValueError, match="needs a SparkSession"):
         check_queries(lakehouse, "gold")
+
+
+@pytest.mark.jvm
+def test_rows_an_older_release_kept_reach_its_table_without_the_columns_added_since(spark, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    older = StructType([f for f in PIPELINE_METRICS.fields if f.name != "step_ms"])
+    spark.createDataFrame([], older).write.format("delta").save(lakehouse.pipeline_metrics)
+    now = time.time()
+    _write_pending(lakehouse, "gold", 3, [metrics_row("gold", 3, now, now, rows_in=5)])  # as that release wrote it
+    flush_pending(spark, lakehouse, "gold")  # as a start's checks do (check_queries), before any table is ensured
+    table = spark.read.format("delta").load(lakehouse.pipeline_metrics)
+    assert "step_ms" in table.columns and [(r.batch_id, r.rows_in, r.step_ms) for r in table.collect()] == [(3, 5, None)]
 
 
 @pytest.mark.jvm

@@ -8,7 +8,7 @@ one ``foreachBatch`` that splits the output into idempotent Delta appends (stora
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from decimal import Decimal
 from dataclasses import dataclass, replace
 from functools import partial
@@ -197,7 +197,9 @@ def write_batch(
             counts, summaries = _counts(out, kept, details=on_alerts is not None)
         # One time for the batch's alerts, taken once the evaluator has decided: the topic's records
         # and the table's rows are separate jobs and must carry the same.
-        decision = F.lit(datetime.now(timezone.utc))
+        # In microseconds since the epoch: a datetime literal is TIMESTAMP_NTZ under Spark Connect when the
+        # session's timestampType says so, and costs the client a round trip to ask.
+        decision = F.timestamp_micros(F.lit(time.time_ns() // 1000))
         alerts = out.where("kind = 'alert'").select(
             F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
             "rule_id",

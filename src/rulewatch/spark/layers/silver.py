@@ -438,15 +438,15 @@ def _repeats(valid: DataFrame, earlier: DataFrame | None, horizon_ms: int) -> Da
     )
 
 
-def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver", steps: Steps | None = None) -> dict[str, int]:
+def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, Any]:
     """Numbered bronze lines -> silver / quarantine / duplicates as batch ``batch_id`` of query ``layer``.
 
-    Returns the batch's counts for ``pipeline_metrics`` (with ``step_ms``: ``steps``' times). A table
-    this batch adds nothing to gets no commit (each costs a Delta state reconstruction); a replay
-    classifies identically, so it skips the same ones.
+    Returns the batch's values for ``pipeline_metrics``: counts, and each step's time (``step_ms``).
+    A table this batch adds nothing to gets no commit (each costs a Delta state reconstruction); a
+    replay classifies identically, so it skips the same ones.
     """
     spark = lines.sparkSession
-    steps = steps or Steps()
+    steps = Steps()
     horizon_ms = dedup_horizon_ms()
     parsed = rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
     repeats = None

@@ -118,7 +118,7 @@ class Alert:
     transaction_id: str
     aggregate: str
     event_count: int
-    decision_ms: int  # when the alert was committed in gold
+    decision_ms: int  # when gold committed the alert (its batch's end; without a metrics row, its decision time)
     latency_ms: int | None  # bronze ingest -> alert committed
     event_latency_ms: int  # event time -> alert committed
 
@@ -221,7 +221,7 @@ class Monitor:
             .collect()
         )
         self._last_gold_batch = done
-        # A batch without a row (not expected): its alerts' decision time, the batch's start.
+        # A batch without a row (not expected): its alerts' decision time, taken before the batch's appends.
         return [_alert(r, committed[r.gold_batch_id][0] if r.gold_batch_id in committed else r.decision_ms) for r in rows]
 
     def poll(self, stopped: bool = False) -> tuple[str, list[Alert]]:

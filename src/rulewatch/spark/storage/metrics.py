@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -49,6 +50,7 @@ class Steps:
 
     def __init__(self) -> None:
         self.ms: dict[str, int] = {}
+        self._adding = threading.Lock()  # steps end in sinks.together's threads
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -56,7 +58,8 @@ class Steps:
         try:
             yield
         finally:
-            self.ms[name] = self.ms.get(name, 0) + round((time.perf_counter() - started) * 1000)
+            with self._adding:
+                self.ms[name] = self.ms.get(name, 0) + round((time.perf_counter() - started) * 1000)
 
     def timed(self, name: str, step: Callable[[], Any]) -> Callable[[], Any]:
         """``step`` timed as ``name`` when called (for sinks.together's lists)."""
@@ -210,6 +213,9 @@ def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: st
             newest[query] = int(kept[-1].stem)
         files += kept
     if rows:
+        # Rows a crashed run of an older release kept, met at a start before any table is ensured: the
+        # table may lack the columns added since, and Delta refuses an append that has them.
+        ensure_metrics_table(spark, lakehouse)
         (query, batch_id), *others = newest.items()
         record_rows(spark, lakehouse, query, batch_id, rows, also=dict(others))
     for path in files:
