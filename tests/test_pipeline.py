@@ -19,6 +19,7 @@ from rulewatch.engine.rules import parse_rule
 from rulewatch.spark.storage import schema
 from rulewatch.spark.storage.checkpoints import delta_version_read
 from rulewatch.spark.storage.delta_log import actions, live_files
+from rulewatch.spark.storage.tables import CHECKPOINT_INTERVAL, ensure_table
 from rulewatch.spark.layers.gold import GoldSettings
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.layers.pipeline import Summary, _counted_from_files, run_all, summarize
@@ -216,6 +217,30 @@ def test_the_big_tables_keep_file_statistics_only_for_the_columns_reads_filter_o
             # nullCount names every column with statistics (minValues leaves out a column null in the whole file).
             assert set(file_stats["nullCount"]) == kept, (table, file_stats["nullCount"])
             assert file_stats["numRecords"] > 0
+
+
+def test_every_table_writes_a_log_checkpoint_every_hundred_commits_not_every_ten(fixture_run):
+    # A checkpoint is written inside the commit that reaches it and costs a live batch 2-4 s: at Delta's
+    # default of 10 that was every tenth micro-batch of each query (docs/benchmarks.md, #70).
+    logs = sorted(Path(fixture_run.lakehouse.root).glob("*/*/_delta_log"))
+    assert len(logs) >= 10
+    for log in logs:
+        configuration = [dict(a.get("configuration") or {}) for kind, a in actions(log, ("metaData",)) if kind == "metaData"][-1]
+        assert configuration.get("delta.checkpointInterval") == str(CHECKPOINT_INTERVAL) == "100", log
+
+
+def test_the_files_give_the_rows_spark_reads_across_a_log_checkpoint(spark, tmp_path):
+    # Tables checkpoint their logs rarely now, so the fixtures' runs no longer reach one: read across one here.
+    table = str(tmp_path / "t")
+    ensure_table(spark, table, spark.range(1).schema, properties={"delta.checkpointInterval": "2"})
+    for n in (3, 5, 7):
+        spark.range(n).write.format("delta").mode("append").save(table)
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id >= 4")  # a file before the checkpoint removed after it
+    spark.range(2).write.format("delta").mode("append").save(table)
+    assert list(Path(table, "_delta_log").glob("*.checkpoint*.parquet"))
+    for version in (None, 3, 4):
+        expected = spark.read.format("delta").option("versionAsOf", version if version is not None else 5).load(table).count()
+        assert sum(f["numRecords"] for f in live_files(table, version)) == expected, version
 
 
 def test_the_summary_read_from_the_tables_files_is_the_one_spark_counts(spark, fixture_run):

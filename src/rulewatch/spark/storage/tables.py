@@ -91,6 +91,13 @@ def latest_commit(spark: SparkSession, table: str) -> Row:
     return spark.sql(f"DESCRIBE HISTORY {table_ref(table)} LIMIT 1").first()
 
 
+# Delta writes a log checkpoint inside the commit that reaches each multiple of this, in the writer's
+# thread: 2-4 s on two cores, against 0.3-1.5 s for a live micro-batch's append, and every table of a
+# batch reaches it together. Delta's default (10) put that on every tenth live batch of each query;
+# at 100 a reader replays at most 99 small commit files instead of 9 (docs/benchmarks.md, #70).
+CHECKPOINT_INTERVAL = 100
+
+
 def ensure_table(
     spark: SparkSession,
     table: str,
@@ -105,7 +112,7 @@ def ensure_table(
     For the tables written a million rows at a time, only the columns reads filter on: the
     statistics of every other column cost each append ~35 % of its time (docs/journal/benchmarks.md)."""
     stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
-    props = {"delta.appendOnly": "false", **stats, **(properties or {})}
+    props = {"delta.appendOnly": "false", "delta.checkpointInterval": str(CHECKPOINT_INTERVAL), **stats, **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
     comment_sql = f" COMMENT {sql_string(comment)}" if comment else ""
     spark.sql(
