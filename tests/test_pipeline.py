@@ -222,25 +222,30 @@ def test_the_big_tables_keep_file_statistics_only_for_the_columns_reads_filter_o
 def test_every_table_writes_a_log_checkpoint_every_hundred_commits_not_every_ten(fixture_run):
     # A checkpoint is written inside the commit that reaches it and costs a live batch 2-4 s: at Delta's
     # default of 10 that was every tenth micro-batch of each query (docs/benchmarks.md, #70).
-    logs = sorted(Path(fixture_run.lakehouse.root).glob("*/*/_delta_log"))
-    assert len(logs) >= 10
-    for log in logs:
-        configuration = [dict(a.get("configuration") or {}) for kind, a in actions(log, ("metaData",)) if kind == "metaData"][-1]
-        assert configuration.get("delta.checkpointInterval") == str(CHECKPOINT_INTERVAL) == "100", log
+    made = [t for t in fixture_run.lakehouse.tables() if Path(t, "_delta_log").is_dir()]
+    assert len(made) >= 10
+    for table in made:
+        metadata = [a for kind, a in actions(Path(table, "_delta_log"), ("metaData",)) if kind == "metaData"]
+        assert dict(metadata[-1].get("configuration") or {}).get("delta.checkpointInterval") == str(CHECKPOINT_INTERVAL) == "100", table
 
 
 def test_the_files_give_the_rows_spark_reads_across_a_log_checkpoint(spark, tmp_path):
     # Tables checkpoint their logs rarely now, so the fixtures' runs no longer reach one: read across one here.
     table = str(tmp_path / "t")
-    ensure_table(spark, table, spark.range(1).schema, properties={"delta.checkpointInterval": "2"})
-    for n in (3, 5, 7):
+    ensure_table(spark, table, spark.range(1).schema, properties={"delta.checkpointInterval": "3"})
+    for n in (3, 5, 7):  # versions 1-3; the log checkpoint at 3
         spark.range(n).write.format("delta").mode("append").save(table)
-    spark.sql(f"DELETE FROM delta.`{table}` WHERE id >= 4")  # a file before the checkpoint removed after it
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id >= 4")  # version 4 removes files the checkpoint adds
     spark.range(2).write.format("delta").mode("append").save(table)
-    assert list(Path(table, "_delta_log").glob("*.checkpoint*.parquet"))
-    for version in (None, 3, 4):
-        expected = spark.read.format("delta").option("versionAsOf", version if version is not None else 5).load(table).count()
-        assert sum(f["numRecords"] for f in live_files(table, version)) == expected, version
+    log = Path(table, "_delta_log")
+    assert [p.name.split(".")[0] for p in log.glob("*.checkpoint*.parquet")] == [f"{3:020d}"]
+    expected = {v: spark.read.format("delta").option("versionAsOf", v).load(table).count() for v in (2, 3, 4, 5)}
+    assert len(set(expected.values())) == 4
+    assert sum(f["numRecords"] for f in live_files(table, 2)) == expected[2]  # the commits alone
+    for commit in log.glob(f"{0:019d}[0-2].json"):
+        commit.unlink()  # what log cleanup does once the checkpoint covers them: from here only it has those files
+    for version, rows in [(3, expected[3]), (4, expected[4]), (None, expected[5])]:
+        assert sum(f["numRecords"] for f in live_files(table, version)) == rows, version
 
 
 def test_the_summary_read_from_the_tables_files_is_the_one_spark_counts(spark, fixture_run):

@@ -50,8 +50,8 @@ def test_a_table_whose_schema_changed_is_read_from_its_snapshot(spark, tmp_path)
 
 def test_a_table_with_a_log_checkpoint_is_read_from_its_snapshot(spark, tmp_path):
     table = str(tmp_path / "t")
-    ensure_table(spark, table, spark.range(1).schema)
-    for start in range(10):  # the tenth commit after the creation writes Delta's first checkpoint
+    ensure_table(spark, table, spark.range(1).schema, properties={"delta.checkpointInterval": "10"})
+    for start in range(10):  # the tenth commit after the creation writes the table's first checkpoint
         spark.range(start, start + 1).write.format("delta").mode("append").save(table)
     assert not whole_history_is_appends(table)
     assert _streamed_ids(spark, table, str(tmp_path / "c")) == list(range(10))

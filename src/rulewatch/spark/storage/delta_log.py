@@ -112,7 +112,7 @@ def actions(log: Path, kinds: tuple[str, ...], version: int | None = None) -> It
 
 def whole_history_is_appends(table: str) -> bool:
     """Whether the path table's log still holds every commit since version 0, has no checkpoint yet
-    (fewer than ``tables.CHECKPOINT_INTERVAL`` commits, small files read one by one), and after the creation only appended:
+    (its commits before the first, small files read one by one), and after the creation only appended:
     no commit removed data or changed the schema (an older release's table given new columns).
 
     Then streaming the table from version 0 yields exactly its current rows, in commit order.

@@ -92,7 +92,7 @@ def latest_commit(spark: SparkSession, table: str) -> Row:
 
 
 # Delta writes a log checkpoint inside the commit that reaches each multiple of this, in the writer's
-# thread: 2-4 s on two cores, against 0.3-1.5 s for a live micro-batch's append, and every table of a
+# thread: 2-4 s on two cores, against 0.4-1.6 s for a live micro-batch's append, and every table of a
 # batch reaches it together. Delta's default (10) put that on every tenth live batch of each query;
 # at 100 a reader replays at most 99 small commit files instead of 9 (docs/benchmarks.md, #70).
 CHECKPOINT_INTERVAL = 100
