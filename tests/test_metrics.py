@@ -17,7 +17,7 @@ from rulewatch.spark.storage.delta_log import committed_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.schema import PIPELINE_METRICS
 from rulewatch.spark.storage.metrics import (
-    PENDING, Recorder, Steps, _write_pending, ensure_metrics_table, flush_left_behind, flush_pending, latency_columns, metrics_row, percentile,
+    PENDING, Recorder, Steps, _write_pending, ensure_metrics_table, flush_pending, latency_columns, metrics_row, percentile,
 )  # fmt: skip
 from rulewatch.spark.layers.pipeline import metrics_gathered
 from rulewatch.spark.runtime.session import foreach_batch_runs_here
@@ -121,7 +121,7 @@ def test_rows_an_older_release_kept_reach_its_table_without_the_columns_added_si
     spark.createDataFrame([], older).write.format("delta").save(lakehouse.pipeline_metrics)
     now = time.time()
     _write_pending(lakehouse, "gold", 3, [metrics_row("gold", 3, now, now, rows_in=5)])  # as that release wrote it
-    flush_left_behind(spark, lakehouse, "gold")  # as a start's checks do (check_queries), before any table is ensured
+    flush_pending(spark, lakehouse, "gold", at_start=True)  # as a start's checks do (check_queries), before any table is ensured
     table = spark.read.format("delta").load(lakehouse.pipeline_metrics)
     assert "step_ms" in table.columns and [(r.batch_id, r.rows_in, r.step_ms) for r in table.collect()] == [(3, 5, None)]
 

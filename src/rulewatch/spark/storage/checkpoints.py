@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.delta_log import RECOVERY, CheckpointError, actions, committed_batches
-from rulewatch.spark.storage.metrics import flush_left_behind, metrics_sink
+from rulewatch.spark.storage.metrics import flush_pending, metrics_sink
 from rulewatch.spark.storage.sinks import HISTORY_SINK, history_batches, sink_name
 
 if TYPE_CHECKING:
@@ -416,6 +416,6 @@ def check_queries(lakehouse: Lakehouse, *queries: str, spark: "SparkSession | No
     sinks = _query_sinks(lakehouse)
     for query in queries:
         _check_one_ingest_way(lakehouse, query)
-        flush_left_behind(spark, lakehouse, query)
+        flush_pending(spark, lakehouse, query, at_start=True)
         check_checkpoint(lakehouse.checkpoint(query), sinks[query], commits)
         check_tables_not_behind(lakehouse, query, sinks[query], commits)

@@ -191,20 +191,14 @@ def kept_rows(lakehouse: Lakehouse, query: str) -> list[dict[str, Any]]:
     return rows
 
 
-def flush_left_behind(spark: SparkSession | None, lakehouse: Lakehouse, query: str) -> None:
-    """At a start, before any table is ensured: append the rows a stopped or crashed run of ``query`` kept.
-    That run may have been an older release's, whose table lacks the columns added since (Delta refuses
-    an append that has them), so the table gets them first; a running query's flushes need not check."""
-    if spark is not None and any(_pending_folder(lakehouse, query).glob("*.json")):
-        ensure_metrics_table(spark, lakehouse)
-    flush_pending(spark, lakehouse, query)
-
-
-def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: str) -> None:
+def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: str, at_start: bool = False) -> None:
     """Append the rows kept in files by ``queries`` (this run's, or a stopped or crashed run's) in one commit.
 
     The commit names each query's newest batch among them, so a repeat is recognised like any other
-    (``append_once``); files a crash left after their commit are dropped, not appended again."""
+    (``append_once``); files a crash left after their commit are dropped, not appended again.
+    ``at_start``: called by a start's checks, before any table is ensured. The rows may then be an older
+    release's run's, whose table lacks the columns added since (Delta refuses an append that has them),
+    so the table gets them first; a running query's flushes need not check."""
     rows: list[dict[str, Any]] = []
     newest: dict[str, int] = {}
     files: list[Path] = []
@@ -222,6 +216,8 @@ def flush_pending(spark: SparkSession | None, lakehouse: Lakehouse, *queries: st
             newest[query] = int(kept[-1].stem)
         files += kept
     if rows:
+        if at_start:
+            ensure_metrics_table(spark, lakehouse)
         (query, batch_id), *others = newest.items()
         record_rows(spark, lakehouse, query, batch_id, rows, also=dict(others))
     for path in files:
