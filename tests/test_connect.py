@@ -50,11 +50,9 @@ def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
     # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
     # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);
     # the demo's rule edit reads the rules table, which under Connect must not need Delta Connect.
+    # (Under Connect, a lakehouse without a rules table: test_another_thread_..., on its server.)
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
     lakehouse = str(tmp_path / "lakehouse")
-    missing = subprocess.run([sys.executable, "-m", "rulewatch.cli.main", "rules", "export", "--lakehouse", lakehouse],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert missing.returncode == 1 and "no rules table" in missing.stderr, why_it_failed(missing.stderr)
     result = subprocess.run(
         [sys.executable, "-m", "rulewatch.cli.main", "demo", "--lakehouse", lakehouse,
          "--minutes", "0.17", "--rate", "40", "--pattern-every", "1"],
@@ -97,18 +95,23 @@ def test_a_taken_connect_port_is_named_with_the_fix(tmp_path, family, address):
     assert "Traceback" not in result.stderr and "BindException" not in result.stderr
 
 
-def test_another_thread_of_the_process_gets_its_local_connect_session():
+def test_another_thread_of_the_process_gets_its_local_connect_session(tmp_path):
     # A Connect session is active per thread: another thread (a notebook's helper, a sink's pool)
     # finds none and builds again, and must reach the server this process holds port 15002 with.
+    # On the same server: `rules export` of a lakehouse without a rules table says so (exit 1); the
+    # demo's rule edit reads that table, which under Connect must not need Delta Connect.
     script = (
-        "import threading\n"
+        "import sys, threading\n"
+        "from rulewatch.cli.main import main\n"
         "from rulewatch.spark.runtime.session import get_spark\n"
         "assert get_spark().range(3).count() == 3\n"
         "seen = []\n"
         "thread = threading.Thread(target=lambda: seen.append(get_spark().range(2).count()))\n"
         "thread.start(); thread.join()\n"
         "assert seen == [2], seen\n"
+        "sys.exit(main(['rules', 'export', '--lakehouse', sys.argv[1]]))\n"
     )
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, why_it_failed(result.stderr)
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "lakehouse")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 1 and "no rules table" in result.stderr, why_it_failed(result.stderr)

@@ -2,8 +2,8 @@
 
 One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over two landed files. Each
 attempt but the last per file is killed: at fixed points inside the idempotent writes (the
-``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py, including between two gold tables of one micro-batch)
-and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
+``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py; the kill between two gold tables of one micro-batch is
+test_kafka_pipeline's, the same command over the same gold) and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
 the same files. The checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
 """
 
@@ -165,16 +165,18 @@ def crashed(spark, tmp_path_factory) -> Crashed:
 
     lakehouse, landing, kills = Lakehouse(str(root / "lakehouse")), root / "landing", []
     _land(landing, part1, lines1)
+    # Gold's first batch killed after its alerts committed (window_metrics not) is the same `rulewatch run`,
+    # the same gold over silver, as test_kafka_pipeline's third kill, whose end state gets these checks too.
     for point in ["rulewatch.bronze.transactions:0:after",  # bronze committed, its checkpoint not
-                  "rulewatch.silver.quarantine:0:after",  # silver half written
-                  "rulewatch.gold.alerts:0:after"]:  # alerts committed, window_metrics of the same batch not
+                  "rulewatch.silver.quarantine:0:after"]:  # silver half written
         started = time.monotonic()
         assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
         reached = time.monotonic() - started
         kills.append(point)
-    # Wall-clock, wherever the run happens to be: within the time the last attempt took to reach
-    # gold's writes, which the next run must also reach (a fixed range can outlast a fast run).
-    seconds = random.Random(time.time_ns()).uniform(0.2, 0.8) * reached
+    # Wall-clock, wherever the run happens to be: from its start to past the time the last attempt took
+    # to reach silver's writes, so into gold's batch, which still has everything to do (a fixed range
+    # can outlast a fast run; a kill that comes too late finds the run done, which the next one resumes).
+    seconds = random.Random(time.time_ns()).uniform(0.2, 1.3) * reached
     if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
     assert finish(lakehouse, ["--landing", str(landing)]) == 0
@@ -206,7 +208,7 @@ def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
 
 
 def test_killed_and_restarted_runs_give_exactly_the_uninterrupted_alerts(spark, crashed):
-    assert len(crashed.kills) >= 5, crashed.kills
+    assert len(crashed.kills) >= 4, crashed.kills
     expected, actual = _alerts(spark, crashed.reference), _alerts(spark, crashed.lakehouse)
     assert len(expected) > 20  # the generated stream makes the rules fire
     assert actual == expected  # no alert missing, none twice
