@@ -165,7 +165,7 @@ def crashed(spark, tmp_path_factory) -> Crashed:
 
     lakehouse, landing, kills = Lakehouse(str(root / "lakehouse")), root / "landing", []
     _land(landing, part1, lines1)
-    # Gold's first batch killed after its alerts committed (window_metrics not) is the same `rulewatch run`,
+    # Gold's first batch killed after its alerts committed (the batch not) is the same `rulewatch run`,
     # the same gold over silver, as test_kafka_pipeline's third kill, whose end state gets these checks too.
     for point in ["rulewatch.bronze.transactions:0:after",  # bronze committed, its checkpoint not
                   "rulewatch.silver.quarantine:0:after"]:  # silver half written
