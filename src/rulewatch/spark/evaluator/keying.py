@@ -8,7 +8,7 @@ The key is built from column values looked up by name: rule text never becomes S
 from __future__ import annotations
 
 import operator
-from functools import reduce
+from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -42,18 +42,29 @@ def fan_out(events: DataFrame, keyset_rows: DataFrame, labels: list[int]) -> Dat
     keyset names each field at most once, so it has at most ``len(FIELD_COLUMNS)`` parts; a longer
     one is an invalid rule's and routes nothing.
     """
+    valid, keyset, present, group_key, shard = _routing_columns(type(events.sparkSession).__module__, tuple(labels))
+    keyed = keyset_rows.where(valid).withColumn("keyset", keyset)
+    return (
+        events.crossJoin(keyed)
+        .where(present)
+        .withColumn("group_key", group_key)
+        .withColumn("shard", shard)
+        .drop("groupingKeyNames")
+    )
+
+
+@cache
+def _routing_columns(session_kind: str, labels: tuple[int, ...]) -> tuple[Column, Column, Column, Column, Column]:
+    """``fan_out``'s columns, built once per session kind (a classic session's are JVM objects a Spark
+    Connect plan cannot carry) and shard labels: they are unresolved expressions of constant names, and
+    building them is ~3,000 calls into the JVM, ~0.3-0.5 s at every gold start (docs/benchmarks.md)."""
     names = F.col("groupingKeyNames")
     parts = [_part(F.try_element_at(names, F.lit(i + 1))) for i in range(len(FIELD_COLUMNS))]
     # Parts past a keyset's size are null and skipped by concat_ws; a null part within it drops the event.
-    present = [(F.size(names) <= i) | part.isNotNull() for i, part in enumerate(parts)]
-    keyed = keyset_rows.where(F.size(names) <= len(FIELD_COLUMNS)).withColumn("keyset", F.array_join(names, ","))
-    return (
-        events.crossJoin(keyed)
-        .where(reduce(operator.and_, present))
-        .withColumn("group_key", F.concat_ws("|", *[_escape(part) for part in parts]))
-        .withColumn("shard", shard_label(F.pmod(F.xxhash64("keyset", "group_key"), F.lit(len(labels))), labels))
-        .drop("groupingKeyNames")
-    )
+    present = reduce(operator.and_, [(F.size(names) <= i) | part.isNotNull() for i, part in enumerate(parts)])
+    group_key = F.concat_ws("|", *[_escape(part) for part in parts])
+    shard = shard_label(F.pmod(F.xxhash64("keyset", "group_key"), F.lit(len(labels))), list(labels))
+    return F.size(names) <= len(FIELD_COLUMNS), F.array_join(names, ","), present, group_key, shard
 
 
 def shard_label(index: Column, labels: list[int]) -> Column:
