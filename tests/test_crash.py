@@ -2,9 +2,10 @@
 
 One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over two landed files. Each
 attempt but the last per file is killed: at fixed points inside the idempotent writes (the
-``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py; the kill between two gold tables of one micro-batch is
-test_kafka_pipeline's, the same command over the same gold) and once at a random wall-clock moment. The result must equal an uninterrupted in-process run over
-the same files. The checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
+``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py; the kill between two gold tables of one
+micro-batch is test_kafka_pipeline's, the same command over the same gold) and once at a random
+wall-clock moment. The result must equal an uninterrupted in-process run over the same files. The
+checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The same generated lines as test_crash.py, from a landing folder or a Kafka topi
 queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
 batch (silver committed, quarantine, duplicates and metrics not), inside a gold batch (from Kafka
 after its alerts were published and appended; from files after its metrics row was kept in a file
-for a later commit), and at a random moment; the last attempt runs until drained. Alerts must equal the job's over the same lines, each once; every line must be in
-bronze once and in exactly one of silver, quarantine, duplicates.
+for a later commit), and at a random moment; the last attempt runs until drained. Alerts must
+equal the job's over the same lines, each once; every line must be in bronze once and in exactly
+one of silver, quarantine, duplicates.
 From Kafka the alerts also go to an alerts topic, which must hold every gold alert as committed (at
 least once: a replayed batch publishes its alerts again, differing in their decision time alone).
 """

@@ -63,8 +63,13 @@ def _routing_columns(session_kind: str, labels: tuple[int, ...]) -> tuple[Column
     # Parts past a keyset's size are null and skipped by concat_ws; a null part within it drops the event.
     present = reduce(operator.and_, [(F.size(names) <= i) | part.isNotNull() for i, part in enumerate(parts)])
     group_key = F.concat_ws("|", *[_escape(part) for part in parts])
-    shard = shard_label(F.pmod(F.xxhash64("keyset", "group_key"), F.lit(len(labels))), list(labels))
-    return F.size(names) <= len(FIELD_COLUMNS), F.array_join(names, ","), present, group_key, shard
+    return F.size(names) <= len(FIELD_COLUMNS), F.array_join(names, ","), present, group_key, key_shard("keyset", "group_key", list(labels))
+
+
+def key_shard(keyset: Column | str, group_key: Column | str, labels: list[int]) -> Column:
+    """The label of the shard a (keyset, key) belongs to: events are routed by it, and a rescale moves each
+    key's state by it (layers/rescale.py), so the two must be this one expression."""
+    return shard_label(F.pmod(F.xxhash64(keyset, group_key), F.lit(len(labels))), labels)
 
 
 def shard_label(index: Column, labels: list[int]) -> Column:

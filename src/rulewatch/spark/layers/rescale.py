@@ -33,7 +33,7 @@ from rulewatch.engine.engine import KEY_SEPARATOR
 from rulewatch.engine.shards import shard_labels
 from rulewatch.spark.control.commands import record_command
 from rulewatch.spark.evaluator.history import GENERATION_KEYS, stored_histories, unrecorded_layout
-from rulewatch.spark.evaluator.keying import shard_label
+from rulewatch.spark.evaluator.keying import key_shard
 from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, start_gold
 from rulewatch.spark.runtime.session import session_confs
@@ -222,7 +222,7 @@ def _write_initial_state(spark: SparkSession, checkpoint: str, batch: int, label
         (book,) = books
         moved = (
             keyed.select(
-                shard_label(F.pmod(F.xxhash64(keyset, group_key), F.lit(len(labels))), labels).alias("shard"),
+                key_shard(keyset, group_key, labels).alias("shard"),
                 F.pmod(F.xxhash64("state_key"), F.lit(chunks)).alias("chunk"),
                 F.struct("state_key", "blob").alias("entry"),
             )
