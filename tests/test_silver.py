@@ -12,7 +12,9 @@ import pytest
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.present.views import register_views
 from conftest import bronze_frame
+from rulewatch.spark.layers import silver
 from rulewatch.spark.layers.silver import DEDUP_HORIZON_ENV, MAX_LINE_BYTES, ensure_silver_tables, parse, write_classified
+from rulewatch.spark.storage.delta_log import live_files
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip
@@ -148,6 +150,55 @@ def test_a_repeated_id_is_a_duplicate_within_the_dedup_horizon(spark, tmp_path, 
                       "rows_written": {"silver/transactions": 4 - len(expected), "silver/quarantine": 0,
                                        "silver/duplicates": len(expected)}}  # fmt: skip
     assert set(steps) == {"parse", "dedup", "transactions", "quarantine", "duplicates"}
+
+
+def _duplicates(spark, lakehouse) -> list[str]:
+    return sorted(r.transaction_id for r in spark.read.format("delta").load(lakehouse.silver_duplicates).collect())
+
+
+def test_the_duplicate_lookup_reads_the_files_whose_times_can_match_and_finds_what_delta_finds(spark, tmp_path, monkeypatch):
+    """Silver's earlier rows are read from the files its log names, skipping those whose event-time
+    statistics are beyond the horizon; the rows found are those Delta's own read finds."""
+    lakehouse = Lakehouse(str(tmp_path))
+    ensure_silver_tables(spark, lakehouse)
+    assert silver._near_files(lakehouse.silver_transactions, 0, 2**62) == []  # a first batch has nothing to look up
+    day, t = 86_400_000, GOOD["eventTime"]
+    _classify(spark, lakehouse, 0, [_line(transactionId="t1"), _line(transactionId="t4", eventTime=t + 1)])
+    _classify(spark, lakehouse, 1, [_line(transactionId="t2", eventTime=t - 3 * day)])
+    _classify(spark, lakehouse, 2, [_line(transactionId="t3", eventTime=t + 5)])
+    table = lakehouse.silver_transactions
+
+    def batches(low_ms: int, high_ms: int) -> set[int]:  # the batches whose files the lookup reads
+        near = silver._near_files(table, low_ms, high_ms)
+        return {json.loads(f["stats"])["minValues"]["silver_batch_id"] for f in live_files(table) if f["path"] in near}
+
+    assert (batches(t - day, t + day), batches(t + 3, t + 4), batches(t + 5, t + 5), batches(t - 3 * day, t - 3 * day)) == ({0, 2}, set(), {2}, {1})
+
+    stamp = datetime.fromtimestamp(t / 1000, timezone.utc).replace(tzinfo=None)
+    ids = spark.createDataFrame([(i,) for i in ("t1", "t2", "t3", "t4")], "transaction_id string")
+
+    def found() -> list:
+        earlier = silver._earlier_times(spark, lakehouse, 3, ids, (stamp, stamp, t, t), day)
+        return sorted((r.transaction_id, [tuple(s) for s in r._seen]) for r in earlier.collect())
+
+    from_files = found()
+    monkeypatch.setattr(silver, "live_files", lambda table: None)  # as for a table whose log is not read here
+    assert from_files == found() and [i for i, _ in from_files] == ["t1", "t3", "t4"]
+
+
+def test_a_silver_table_with_deletion_vectors_is_looked_up_through_delta(spark, tmp_path):
+    """Its files still hold deleted rows: read as plain Parquet, a deleted payment would make its id's
+    next line a duplicate."""
+    lakehouse = Lakehouse(str(tmp_path))
+    ensure_silver_tables(spark, lakehouse)
+    spark.sql(f"ALTER TABLE delta.`{lakehouse.silver_transactions}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    _classify(spark, lakehouse, 0, [_line(transactionId="kept"), _line(transactionId="erased")])
+    spark.sql(f"DELETE FROM delta.`{lakehouse.silver_transactions}` WHERE transaction_id = 'erased'")
+    assert silver._near_files(lakehouse.silver_transactions, 0, 2**62) is None
+    _classify(spark, lakehouse, 1, [_line(transactionId="kept"), _line(transactionId="erased")])
+    assert _duplicates(spark, lakehouse) == ["kept"]
+    accepted = spark.read.format("delta").load(lakehouse.silver_transactions).collect()
+    assert sorted((r.transaction_id, r.silver_batch_id) for r in accepted) == [("erased", 1), ("kept", 0)]
 
 
 def test_ids_and_keys_follow_one_identity_rule_trimmed_then_nfc(spark, tmp_path):

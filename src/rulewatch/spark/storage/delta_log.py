@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from urllib.parse import unquote
 from itertools import chain
 from pathlib import Path
@@ -179,7 +180,7 @@ def table_version(table: str) -> tuple[str, int] | None:
 def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] | None:
     """The ``add`` actions of the path table's current version (or ``version``), read as plain files; None
     when its rows cannot be read from them alone: no log here, partition columns, column mapping,
-    deletion vectors, or a file without its row count. ``path`` is made absolute."""
+    deletion vectors, any other reader feature, or a file without its row count. ``path`` is made absolute."""
     log = Path(table, "_delta_log")
     if not log.is_dir():
         return None
@@ -190,8 +191,11 @@ def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] |
         return action["path"], (dv.get("storageType"), dv.get("pathOrInlineDv"), dv.get("offset"))
 
     live: dict[tuple[str, Any], dict[str, Any]] = {}
-    for kind, action in actions(log, ("metaData", "add", "remove"), version):
-        if kind == "metaData":
+    for kind, action in actions(log, ("protocol", "metaData", "add", "remove"), version):
+        if kind == "protocol":
+            if action.get("minReaderVersion", 1) > 1:  # a reader feature (v2 checkpoints, type widening...) these reads do not know
+                return None
+        elif kind == "metaData":
             configuration = dict(action.get("configuration") or {})  # a checkpoint's map column reads as pairs
             mapping = configuration.get("delta.columnMapping.mode", "none")
             if action.get("partitionColumns") or mapping != "none":
@@ -207,3 +211,22 @@ def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] |
             return None
         files.append({**add, "path": str(Path(table, unquote(add["path"]))), "numRecords": stats["numRecords"]})
     return files
+
+
+def may_hold(add: dict[str, Any], column: str, low_ms: int, high_ms: int) -> bool:
+    """Whether a file (a ``live_files`` entry) may hold a value of the timestamp ``column`` within
+    [``low_ms``, ``high_ms``] (epoch milliseconds) by its statistics: False only when they rule it out.
+
+    Delta writes a timestamp's statistics truncated to milliseconds, so a maximum is taken as up to
+    one millisecond more; a value without a time zone, or none at all, rules nothing out."""
+    stats = json.loads(add.get("stats") or "{}")
+    bounds = [(stats.get(side) or {}).get(column) for side in ("minValues", "maxValues")]
+    if not all(isinstance(bound, str) for bound in bounds):
+        return True
+    try:
+        first, last = (datetime.fromisoformat(bound) for bound in bounds)
+    except ValueError:
+        return True
+    if first.tzinfo is None or last.tzinfo is None:
+        return True
+    return first.timestamp() * 1000 <= high_ms and last.timestamp() * 1000 + 1 >= low_ms
