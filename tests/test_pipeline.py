@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
 from conftest import FIXTURES, run_fixture_pipeline
-from rulewatch.engine.rules import parse_rule
+from rulewatch.engine.rules import RuleSetError, parse_rule
 from rulewatch.spark.storage import schema
 from rulewatch.spark.storage.checkpoints import delta_version_read
 from rulewatch.spark.storage.delta_log import actions, live_files
@@ -130,6 +130,24 @@ def test_window_metrics_keep_the_keys_near_a_limit_and_count_every_key(spark, fi
         near = {r.group_key for r in peaks if r.peak is not None and r.peak >= Decimal(str(rule["limit"])) * Decimal("0.8")}
         assert {r.group_key for r in peaks} == near, rid
         assert near < keys or not keys, rid  # every active rule has keys far below its limit here
+
+
+def test_a_run_brings_the_rule_history_up_to_its_rules_file(spark, fixture_run):
+    """The rule history runs beside the run's metrics commit; it still holds every change the run made."""
+    history = spark.read.format("delta").load(fixture_run.lakehouse.rule_history).collect()
+    in_file = sorted(rule["ruleId"] for rule in json.loads((FIXTURES / "rules.json").read_text()))
+    assert sorted((r.rule_id, r.change, r.commit_version) for r in history) == [(i, "inserted", 1) for i in in_file]
+
+
+def test_a_bad_rules_file_stops_the_run_before_anything_is_ingested(spark, tmp_path):
+    """The file's MERGE runs beside bronze, but the file is checked whole before either starts."""
+    landing, rules = tmp_path / "landing", tmp_path / "rules.json"
+    shutil.copytree(FIXTURES / "transactions", landing)
+    rules.write_text(json.dumps([{**json.loads((FIXTURES / "rules.json").read_text())[0], "windowMinutes": -1}]))
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    with pytest.raises(RuleSetError, match="windowMinutes"):
+        run_all(spark, lakehouse, str(landing), str(rules), log=lambda _: None)
+    assert not Path(lakehouse.root).exists()
 
 
 def test_rerun_continues_from_checkpoints(spark, tmp_path):

@@ -471,7 +471,11 @@ def start_rule_history(
 
 def run_rule_history(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Bring ``gold/rule_history`` up to date with every commit so far, then return."""
-    query = start_rule_history(spark, lakehouse, available_now=True)
+    finish_rule_history(start_rule_history(spark, lakehouse, available_now=True))
+
+
+def finish_rule_history(query: StreamingQuery) -> None:
+    """Wait for a rule history query started with ``available_now`` to end; raise if it failed."""
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"rule history query failed: {query.exception()}")

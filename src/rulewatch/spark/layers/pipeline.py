@@ -27,10 +27,12 @@ from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.layers.landing import LandingReport, audit
 from rulewatch.spark.storage.metrics import Recorder, flush_pending
-from rulewatch.spark.control.rules_table import RuleChange, apply_rules_file, run_rule_history
+from rulewatch.spark.control.rules_table import RuleChange, apply_rules_file, finish_rule_history, start_rule_history
+from rulewatch.engine.rules import load_rules_file
 from rulewatch.spark.runtime.session import foreach_batch_runs_here
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
 from rulewatch.spark.storage import tables
+from rulewatch.spark.storage.sinks import together
 
 Log = Callable[[str], None]
 
@@ -346,22 +348,31 @@ def run_all(
     settings: GoldSettings = GoldSettings(),
     log: Log = print,
 ) -> tuple[list[RuleChange], Summary]:
-    """Apply the rules file (if any), process everything landed once, and summarise the lakehouse."""
-    changes: list[RuleChange] = []
+    """Apply the rules file (if any), process everything landed once, and summarise the lakehouse.
+
+    Steps that share no table run at once, each being mostly the driver waiting on Delta's log and
+    small Spark jobs (docs/testing.md): the rules file's MERGE beside bronze (silver and gold wait for
+    both), the rule history beside the commit of the run's metrics rows."""
     if rules_file:
-        changes = apply_rules_file(spark, lakehouse, rules_file)
+        load_rules_file(rules_file)  # a bad file stops the run before anything is ingested
+    changes: list[RuleChange] = []
+    landed: list[LandingReport | None] = []
+    with metrics_gathered(spark, lakehouse) as recorders:
+        together([
+            lambda: changes.extend(apply_rules_file(spark, lakehouse, rules_file) if rules_file else []),
+            lambda: landed.append(run_bronze(spark, lakehouse, source, log, recorders["bronze"])),
+        ])  # fmt: skip
         for change in changes:
             log(f"rules: {change}")
-    with metrics_gathered(spark, lakehouse) as recorders:
-        landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
         run_silver(spark, lakehouse, log, recorders["silver"])
         run_gold(spark, lakehouse, settings, log, recorders["gold"])
         wrapping_up = time.monotonic()
-    check_queries(lakehouse, "rule_history", spark=spark)
-    run_rule_history(spark, lakehouse)
+        check_queries(lakehouse, "rule_history", spark=spark)
+        history = start_rule_history(spark, lakehouse)  # while the metrics rows are committed
+    finish_rule_history(history)
     log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
     described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
-    return changes, summarize(spark, lakehouse, landed, described)
+    return changes, summarize(spark, lakehouse, landed[0], described)
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):
