@@ -14,7 +14,7 @@ from rulewatch.spark.present.views import register_views
 from conftest import bronze_frame
 from rulewatch.spark.layers import silver
 from rulewatch.spark.layers.silver import DEDUP_HORIZON_ENV, MAX_LINE_BYTES, ensure_silver_tables, parse, write_classified
-from rulewatch.spark.storage.delta_log import live_files
+from rulewatch.spark.storage import schema, tables
 
 GOOD = {"transactionId": "t1", "eventTime": 1793527200000, "payeeId": "p", "beneficiaryId": "b",
         "paymentAmount": 12.5, "paymentType": "CSH"}  # fmt: skip
@@ -161,17 +161,17 @@ def test_the_duplicate_lookup_reads_the_files_whose_times_can_match_and_finds_wh
     statistics are beyond the horizon; the rows found are those Delta's own read finds."""
     lakehouse = Lakehouse(str(tmp_path))
     ensure_silver_tables(spark, lakehouse)
-    assert silver._near_files(lakehouse.silver_transactions, 0, 2**62) == []  # a first batch has nothing to look up
+    table = lakehouse.silver_transactions
+
+    def batches(low_ms: int, high_ms: int) -> set[int]:  # the batches whose files are read
+        near = tables.read_near(spark, table, schema.SILVER, "event_time", low_ms, high_ms)
+        return set() if near is None else {r.silver_batch_id for r in near.select("silver_batch_id").distinct().collect()}
+
+    assert batches(0, 2**62) == set()  # a first batch has nothing to look up
     day, t = 86_400_000, GOOD["eventTime"]
     _classify(spark, lakehouse, 0, [_line(transactionId="t1"), _line(transactionId="t4", eventTime=t + 1)])
     _classify(spark, lakehouse, 1, [_line(transactionId="t2", eventTime=t - 3 * day)])
     _classify(spark, lakehouse, 2, [_line(transactionId="t3", eventTime=t + 5)])
-    table = lakehouse.silver_transactions
-
-    def batches(low_ms: int, high_ms: int) -> set[int]:  # the batches whose files the lookup reads
-        near = silver._near_files(table, low_ms, high_ms)
-        return {json.loads(f["stats"])["minValues"]["silver_batch_id"] for f in live_files(table) if f["path"] in near}
-
     assert (batches(t - day, t + day), batches(t + 3, t + 4), batches(t + 5, t + 5), batches(t - 3 * day, t - 3 * day)) == ({0, 2}, set(), {2}, {1})
 
     stamp = datetime.fromtimestamp(t / 1000, timezone.utc).replace(tzinfo=None)
@@ -182,7 +182,7 @@ def test_the_duplicate_lookup_reads_the_files_whose_times_can_match_and_finds_wh
         return sorted((r.transaction_id, [tuple(s) for s in r._seen]) for r in earlier.collect())
 
     from_files = found()
-    monkeypatch.setattr(silver, "live_files", lambda table: None)  # as for a table whose log is not read here
+    monkeypatch.setattr(tables, "live_files", lambda table: None)  # as for a table whose log is not read here
     assert from_files == found() and [i for i, _ in from_files] == ["t1", "t3", "t4"]
 
 
@@ -194,7 +194,8 @@ def test_a_silver_table_with_deletion_vectors_is_looked_up_through_delta(spark, 
     spark.sql(f"ALTER TABLE delta.`{lakehouse.silver_transactions}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     _classify(spark, lakehouse, 0, [_line(transactionId="kept"), _line(transactionId="erased")])
     spark.sql(f"DELETE FROM delta.`{lakehouse.silver_transactions}` WHERE transaction_id = 'erased'")
-    assert silver._near_files(lakehouse.silver_transactions, 0, 2**62) is None
+    read = tables.read_near(spark, lakehouse.silver_transactions, schema.SILVER, "event_time")
+    assert [r.transaction_id for r in read.collect()] == ["kept"]
     _classify(spark, lakehouse, 1, [_line(transactionId="kept"), _line(transactionId="erased")])
     assert _duplicates(spark, lakehouse) == ["kept"]
     accepted = spark.read.format("delta").load(lakehouse.silver_transactions).collect()

@@ -39,7 +39,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark.storage.lakehouse import Lakehouse, write_whole
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 
 # A file's modification time may trail the moment it became visible by the file system's
 # timestamp granularity; within this much of the run's start a never-listed file counts as pending.
@@ -314,7 +314,7 @@ def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[st
     """What bronze recorded for each file it read (size, modification time), by local path.
 
     Kept in the query's checkpoint with the newest ingest time it covers, so each audit reads only
-    bronze's newer rows (Delta skips older files by their ``ingest_time`` statistics): a scan of
+    bronze's newer rows (older files are skipped by their ``ingest_time`` statistics): a scan of
     all of bronze took 2.8 s at 10M rows, and grows with every run for as long as the lakehouse lives.
     Without a readable record (the first audit, or a checkpoint that cannot hold one) all of bronze
     is read, and the record written anew.
@@ -330,19 +330,22 @@ def files_read(spark: SparkSession, lakehouse: Lakehouse, query: str) -> dict[st
             through = int(stored["through_ms"])
         except (ValueError, KeyError, TypeError, AttributeError):  # not a record this code wrote: read all of bronze
             known, through = {}, None
-    bronze = tables.read(spark, lakehouse.bronze_transactions).where(F.col("source_file").isNotNull())
-    if through is not None:
-        # Back by a margin: a batch's ingest time is the driver's clock, which may have stepped back a little.
-        bronze = bronze.where(F.col("ingest_time") >= F.timestamp_millis(F.lit(through - CLOCK_SLACK_MS)))
-    for row in (
-        bronze.groupBy("source_file")
+    # Back by a margin: a batch's ingest time is the driver's clock, which may have stepped back a little.
+    since = None if through is None else through - CLOCK_SLACK_MS
+    bronze = tables.read_near(spark, lakehouse.bronze_transactions, schema.BRONZE, "ingest_time", since)
+    if bronze is not None and since is not None:
+        bronze = bronze.where(F.col("ingest_time") >= F.timestamp_millis(F.lit(since)))
+    per_file = [] if bronze is None else (
+        bronze.where(F.col("source_file").isNotNull())
+        .groupBy("source_file")
         .agg(
             F.max("source_file_size").alias("size"),
             F.unix_millis(F.max("source_file_mtime")).alias("mtime_ms"),
             F.unix_millis(F.max("ingest_time")).alias("through_ms"),
         )
         .collect()
-    ):
+    )
+    for row in per_file:
         path = local_path(row.source_file)
         known[path] = known[path].merge(row.size, row.mtime_ms) if path in known else FileRead(row.size, row.mtime_ms)
         through = max(through or row.through_ms, row.through_ms)

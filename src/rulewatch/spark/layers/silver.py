@@ -21,7 +21,6 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.engine.identity import EDGE_CHARACTERS, composed
 from rulewatch.spark.storage import schema, tables
-from rulewatch.spark.storage.delta_log import CheckpointError, live_files, may_hold
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import Recorder, Steps, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
@@ -391,17 +390,15 @@ def _earlier_times(
 
     ``event_range``: the batch's valid event times, as timestamps and as epoch milliseconds.
     Earlier batches only: a replay of this batch must classify its rows exactly as before. The
-    event-time bound skips files by their min/max statistics; the semi-join on the
+    event-time bound skips files by their min/max statistics (``tables.read_near``); the semi-join on the
     batch's ids (broadcast while they are few) keeps the grouping to the ids that can repeat,
     so a batch scans two columns of the horizon instead of shuffling all of it by id, which
     cost ~1 s per batch per million rows in the horizon (docs/journal/benchmarks.md).
     """
     low, high, low_ms, high_ms = event_range
-    near = _near_files(lakehouse.silver_transactions, low_ms - horizon_ms, high_ms + horizon_ms)
-    if near == []:
+    table = tables.read_near(spark, lakehouse.silver_transactions, schema.SILVER, "event_time", low_ms - horizon_ms, high_ms + horizon_ms)
+    if table is None:
         return None
-    # Delta's own read where the log cannot be read here (a catalog table, deletion vectors, ...).
-    table = tables.read(spark, lakehouse.silver_transactions) if near is None else spark.read.schema(schema.SILVER).parquet(*near)
     horizon = F.expr(f"INTERVAL {horizon_ms} MILLISECONDS")
     return (
         table.where(F.col("silver_batch_id") < batch_id)
@@ -411,20 +408,6 @@ def _earlier_times(
         .groupBy("transaction_id")
         .agg(F.collect_list("_seen").alias("_seen"))
     )
-
-
-def _near_files(table: str, low_ms: int, high_ms: int) -> list[str] | None:
-    """The silver files whose event-time statistics overlap [``low_ms``, ``high_ms``], from its log read
-    here; None where it cannot be read so (delta_log.live_files).
-
-    Read as plain Parquet, these cost the lookup no Spark job over the table's log: Delta rebuilds a
-    table's file list in one whenever it has a new version, which silver has at every batch (the
-    lookup 0.46-0.63 s against 0.87-1.59 s, docs/benchmarks.md)."""
-    try:
-        files = live_files(table)
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError):  # a file gone under a VACUUM, an unexpected log: Delta decides
-        return None
-    return None if files is None else [f["path"] for f in files if may_hold(f, "event_time", low_ms, high_ms)]
 
 
 # A line's place in the order "first occurrence wins" follows; unique per bronze line.
