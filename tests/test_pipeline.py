@@ -139,6 +139,17 @@ def test_a_run_brings_the_rule_history_up_to_its_rules_file(spark, fixture_run):
     assert sorted((r.rule_id, r.change, r.commit_version) for r in history) == [(i, "inserted", 1) for i in in_file]
 
 
+def test_only_the_rules_tables_commits_are_tagged_as_a_rules_apply(fixture_run):
+    """The MERGE tags its commit through a session setting while bronze runs beside it: no other table's
+    commit may take the tag (the rules' history names who applied them from it)."""
+    tagged = {}
+    for table in fixture_run.lakehouse.tables():
+        for commit in Path(table, "_delta_log").glob("*.json"):
+            infos = [json.loads(line)["commitInfo"] for line in commit.read_text().splitlines() if line.startswith('{"commitInfo"')]
+            tagged[Path(table).name] = tagged.get(Path(table).name, 0) + sum('"rules apply"' in (i.get("userMetadata") or "") for i in infos)
+    assert {name: n for name, n in tagged.items() if n} == {"rules": 1}
+
+
 def test_a_bad_rules_file_stops_the_run_before_anything_is_ingested(spark, tmp_path):
     """The file's MERGE runs beside bronze, but the file is checked whole before either starts."""
     landing, rules = tmp_path / "landing", tmp_path / "rules.json"

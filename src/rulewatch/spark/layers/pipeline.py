@@ -357,6 +357,9 @@ def run_all(
         load_rules_file(rules_file)  # a bad file stops the run before anything is ingested
     changes: list[RuleChange] = []
     landed: list[LandingReport | None] = []
+    # Bronze's table first: the MERGE tags its commit through a session setting (rules_table._merge),
+    # which a table created beside it would take as well (its appends name their batch themselves).
+    ensure_bronze_table(spark, lakehouse)
     with metrics_gathered(spark, lakehouse) as recorders:
         together([
             lambda: changes.extend(apply_rules_file(spark, lakehouse, rules_file) if rules_file else []),
