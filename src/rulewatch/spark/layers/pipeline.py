@@ -32,7 +32,7 @@ from rulewatch.engine.rules import load_rules_file
 from rulewatch.spark.runtime.session import foreach_batch_runs_here
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
 from rulewatch.spark.storage import tables
-from rulewatch.spark.storage.sinks import together
+from rulewatch.spark.storage.sinks import beside
 
 Log = Callable[[str], None]
 
@@ -355,16 +355,13 @@ def run_all(
     both), the rule history beside the commit of the run's metrics rows."""
     if rules_file:
         load_rules_file(rules_file)  # a bad file stops the run before anything is ingested
-    changes: list[RuleChange] = []
-    landed: list[LandingReport | None] = []
     # Bronze's table first: the MERGE tags its commit through a session setting (rules_table._merge),
     # which a table created beside it would take as well (its appends name their batch themselves).
     ensure_bronze_table(spark, lakehouse)
     with metrics_gathered(spark, lakehouse) as recorders:
-        together([
-            lambda: changes.extend(apply_rules_file(spark, lakehouse, rules_file) if rules_file else []),
-            lambda: landed.append(run_bronze(spark, lakehouse, source, log, recorders["bronze"])),
-        ])  # fmt: skip
+        with beside(lambda: apply_rules_file(spark, lakehouse, rules_file) if rules_file else []) as merged:
+            landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
+        changes = merged.result()
         for change in changes:
             log(f"rules: {change}")
         run_silver(spark, lakehouse, log, recorders["silver"])
@@ -375,7 +372,7 @@ def run_all(
     finish_rule_history(history)
     log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
     described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
-    return changes, summarize(spark, lakehouse, landed[0], described)
+    return changes, summarize(spark, lakehouse, landed, described)
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):

@@ -16,16 +16,18 @@ import contextvars
 import gc
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.delta_log import HISTORY_DEPTH, batch_metadata, newest_committed_batch, newest_per_sink, sink_batches
+
+T = TypeVar("T")
 
 
 # Fault injection for the crash tests (tests/test_crash.py): "<sink>:<batch>:<before|after>", e.g.
@@ -145,6 +147,15 @@ def history_batches(spark: SparkSession, table: str, app_id_prefix: str, depth: 
 def batch_column(name: str, batch_id: int) -> Column:
     """The micro-batch id as a ``long`` column (a bare literal would be an int and not merge)."""
     return F.lit(batch_id).cast("long").alias(name)
+
+
+@contextmanager
+def beside(work: Callable[[], T]) -> Iterator[Future[T]]:
+    """Run ``work`` in another thread while the block runs in this one, and wait for it when the block
+    ends (its outcome: the yielded future's ``result()``). For work sharing no table with the block's,
+    as ``together``; the block keeps this thread, so Ctrl-C stops what it runs instead of waiting for it."""
+    with _collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="rulewatch-beside") as pool:
+        yield pool.submit(contextvars.copy_context().run, work)
 
 
 @contextmanager
