@@ -277,6 +277,15 @@ def test_the_files_give_the_rows_spark_reads_across_a_log_checkpoint(spark, tmp_
         assert sum(f["numRecords"] for f in live_files(table, version)) == rows, version
 
 
+def test_a_table_an_older_release_made_is_given_the_columns_added_since(spark, tmp_path):
+    table = str(tmp_path / "t")
+    older = StructType([StructField("id", LongType())])
+    ensure_table(spark, table, older)
+    spark.range(2).write.format("delta").mode("append").save(table)
+    ensure_table(spark, table, older.add(StructField("note", StringType())))  # the log lacks it: Spark adds it
+    assert [(r.id, r.note) for r in spark.read.format("delta").load(table).orderBy("id").collect()] == [(0, None), (1, None)]
+
+
 def test_the_summary_read_from_the_tables_files_is_the_one_spark_counts(spark, fixture_run):
     lakehouse = fixture_run.lakehouse
     assert _counted_from_files(lakehouse) is not None  # path tables here: the driver reads them itself

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,7 +194,10 @@ def test_a_silver_table_with_deletion_vectors_is_looked_up_through_delta(spark, 
     ensure_silver_tables(spark, lakehouse)
     spark.sql(f"ALTER TABLE delta.`{lakehouse.silver_transactions}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     _classify(spark, lakehouse, 0, [_line(transactionId="kept"), _line(transactionId="erased")])
+    spark.sql(f"OPTIMIZE delta.`{lakehouse.silver_transactions}`")  # both rows in one file: the delete marks one
     spark.sql(f"DELETE FROM delta.`{lakehouse.silver_transactions}` WHERE transaction_id = 'erased'")
+    log = Path(lakehouse.silver_transactions, "_delta_log")
+    assert any('"deletionVector":{' in commit.read_text() for commit in log.glob("*.json"))
     read = tables.read_near(spark, lakehouse.silver_transactions, schema.SILVER, "event_time")
     assert [r.transaction_id for r in read.collect()] == ["kept"]
     _classify(spark, lakehouse, 1, [_line(transactionId="kept"), _line(transactionId="erased")])

@@ -14,7 +14,7 @@ from pyspark.util import disable_gc
 
 from rulewatch.spark.storage.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
 from rulewatch.spark.storage.metrics import metrics_sink
-from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, history_batches, per_run, sink_name, together
+from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, beside, history_batches, per_run, sink_name, together
 from rulewatch.spark.storage.tables import ensure_table, read
 
 
@@ -94,6 +94,26 @@ def test_one_write_runs_in_the_calling_thread():
     threads = []
     together([lambda: threads.append(threading.current_thread())])
     assert threads == [threading.current_thread()]
+
+
+def test_work_beside_a_block_runs_at_the_same_time_and_its_outcome_is_kept():
+    both_started = threading.Barrier(2, timeout=5)
+    with beside(lambda: (both_started.wait(), threading.current_thread())[1], pause_collector=False) as other:
+        both_started.wait()
+        assert gc.isenabled()  # a classic session's long block keeps the collector
+    assert other.result() is not threading.current_thread()
+
+
+def test_a_failed_block_names_the_failure_beside_it_too():
+    def fails():
+        raise ValueError("MERGE failed")
+
+    with pytest.raises(RuntimeError, match="bronze failed") as caught:
+        with beside(fails):
+            time.sleep(0.1)
+            raise RuntimeError("bronze failed")
+    assert caught.value.__notes__ == ["meanwhile, beside it: ValueError('MERGE failed')"]
+    assert gc.isenabled()
 
 
 def _log(spark, table: str) -> Path:

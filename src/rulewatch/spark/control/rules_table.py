@@ -281,7 +281,8 @@ def _merge(spark: SparkSession, lakehouse: Lakehouse, source_rows: list[dict[str
     columns = ", ".join(f"`{c}`" for c in schema.RULES.fieldNames())
     values = ", ".join(f"s.`{c}`" for c in schema.RULES.fieldNames())
     stale = f"raise_error('{_STALE_READ}')"
-    # Streaming queries run on a clone of the session, so the tag cannot leak into a running stream.
+    # A running stream has a clone of the session, so the tag cannot leak into it; one started meanwhile
+    # clones the tag too, but every append of ours names its batch in its own userMetadata, which wins.
     previous = spark.conf.get(USER_METADATA_CONF, None)
     try:
         spark.conf.set(USER_METADATA_CONF, json.dumps({"rulewatch": "rules apply", "updated_by": who}))
@@ -307,11 +308,18 @@ def _merge(spark: SparkSession, lakehouse: Lakehouse, source_rows: list[dict[str
 
 def apply_rules_file(spark: SparkSession, lakehouse: Lakehouse, path: str | os.PathLike[str], updated_by: str | None = None) -> list[RuleChange]:
     """Validate the whole file first (nothing is written if any rule is bad), then MERGE it in."""
+    return apply_rules(spark, lakehouse, checked_rules_file(path), updated_by)
+
+
+def checked_rules_file(path: str | os.PathLike[str]) -> list[Rule]:
+    """The file's rules, each valid and storable in config/rules exactly; else RuleSetError naming the file.
+    Needs no Spark: a run checks its file before anything starts."""
     rules = load_rules_file(path)
     try:
-        return apply_rules(spark, lakehouse, rules, updated_by)
+        _check_storable(rules)
     except RuleSetError as exc:
         raise RuleSetError(exc.errors, exc.locations, exc.source or os.fspath(path)) from None
+    return rules
 
 
 # ----------------------------------------------------------------------------------------- export

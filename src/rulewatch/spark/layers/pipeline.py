@@ -27,9 +27,8 @@ from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.layers.landing import LandingReport, audit
 from rulewatch.spark.storage.metrics import Recorder, flush_pending
-from rulewatch.spark.control.rules_table import RuleChange, apply_rules_file, finish_rule_history, start_rule_history
-from rulewatch.engine.rules import load_rules_file
-from rulewatch.spark.runtime.session import foreach_batch_runs_here
+from rulewatch.spark.control.rules_table import RuleChange, apply_rules, checked_rules_file, finish_rule_history, start_rule_history
+from rulewatch.spark.runtime.session import foreach_batch_runs_here, is_connect
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
 from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.sinks import beside
@@ -353,22 +352,32 @@ def run_all(
     Steps that share no table run at once, each being mostly the driver waiting on Delta's log and
     small Spark jobs (docs/testing.md): the rules file's MERGE beside bronze (silver and gold wait for
     both), the rule history beside the commit of the run's metrics rows."""
-    if rules_file:
-        load_rules_file(rules_file)  # a bad file stops the run before anything is ingested
-    # Bronze's table first: the MERGE tags its commit through a session setting (rules_table._merge),
-    # which a table created beside it would take as well (its appends name their batch themselves).
-    ensure_bronze_table(spark, lakehouse)
-    with metrics_gathered(spark, lakehouse) as recorders:
-        with beside(lambda: apply_rules_file(spark, lakehouse, rules_file) if rules_file else []) as merged:
-            landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
-        changes = merged.result()
+    rules = checked_rules_file(rules_file) if rules_file else None  # a bad file stops the run before anything starts
+    # Every table first: the MERGE tags its commit through a session setting (rules_table._merge), which
+    # a table created or altered beside it would take as well (appends name their batch themselves).
+    ensure_all_tables(spark, lakehouse)
+
+    def merge() -> list[RuleChange]:
+        changes = apply_rules(spark, lakehouse, rules) if rules else []
         for change in changes:
             log(f"rules: {change}")
-        run_silver(spark, lakehouse, log, recorders["silver"])
-        run_gold(spark, lakehouse, settings, log, recorders["gold"])
-        wrapping_up = time.monotonic()
-        check_queries(lakehouse, "rule_history", spark=spark)
-        history = start_rule_history(spark, lakehouse)  # while the metrics rows are committed
+        return changes
+
+    history: StreamingQuery | None = None
+    try:
+        with metrics_gathered(spark, lakehouse) as recorders:
+            with beside(merge, pause_collector=is_connect(spark)) as merged:
+                landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
+            changes = merged.result()
+            run_silver(spark, lakehouse, log, recorders["silver"])
+            run_gold(spark, lakehouse, settings, log, recorders["gold"])
+            wrapping_up = time.monotonic()
+            check_queries(lakehouse, "rule_history", spark=spark)
+            history = start_rule_history(spark, lakehouse)  # while the metrics rows are committed
+    except BaseException:
+        if history is not None:  # the metrics commit failed: the next start must not find it running
+            history.stop()
+        raise
     finish_rule_history(history)
     log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
     described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None

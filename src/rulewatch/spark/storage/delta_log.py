@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from urllib.parse import unquote
 from itertools import chain
 from pathlib import Path
@@ -27,6 +27,7 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 # A bound on the commits read per table: the newest commits are the ones compared, and reading a
 # long-lived table's whole history (one commit per micro-batch) would cost more than the run.
 HISTORY_DEPTH = 1000
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class CheckpointError(RuntimeError):
@@ -94,7 +95,7 @@ def _versions_through(log: Path, version: int) -> tuple[int, list[int]]:
 
 
 def actions(log: Path, kinds: tuple[str, ...], version: int | None = None) -> Iterator[tuple[str, dict]]:
-    """The ``kinds`` actions (``txn``, ``add``, ``remove``) of a Delta log: its newest checkpoint's, then every later commit's
+    """The ``kinds`` actions (``txn``, ``add``, ``remove``, ``protocol``, ``metaData``...) of a Delta log: its newest checkpoint's, then every later commit's
     (with ``version``: the table's actions up to that version instead).
 
     Reading from the checkpoint on keeps this cheap on long-lived tables and still right after log
@@ -177,6 +178,21 @@ def table_version(table: str) -> tuple[str, int] | None:
     return metadata["id"], later[-1] if later else checkpoint_version
 
 
+def column_names(table: str) -> list[str] | None:
+    """The column names of the path table's newest schema, from its log (None: no log here, or
+    no schema in it): the newest commit that changed the metadata, else its checkpoint's."""
+    log = Path(table, "_delta_log")
+    if not log.is_dir():
+        return None
+    checkpoint_version, later = _log_versions(log)
+    for version in reversed(later):
+        for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
+            if line.startswith('{"metaData"'):
+                return [f["name"] for f in json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]]
+    found = [a for kind, a in actions(log, ("metaData",), checkpoint_version) if kind == "metaData"] if checkpoint_version >= 0 else []
+    return [f["name"] for f in json.loads(found[-1]["schemaString"])["fields"]] if found else None
+
+
 def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] | None:
     """The ``add`` actions of the path table's current version (or ``version``), read as plain files; None
     when its rows cannot be read from them alone: no log here, partition columns, column mapping,
@@ -191,8 +207,10 @@ def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] |
         return action["path"], (dv.get("storageType"), dv.get("pathOrInlineDv"), dv.get("offset"))
 
     live: dict[tuple[str, Any], dict[str, Any]] = {}
+    protocol = None
     for kind, action in actions(log, ("protocol", "metaData", "add", "remove"), version):
         if kind == "protocol":
+            protocol = action
             if action.get("minReaderVersion", 1) > 1:  # a reader feature (v2 checkpoints, type widening...) these reads do not know
                 return None
         elif kind == "metaData":
@@ -204,6 +222,8 @@ def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] |
             live[named(action)] = action
         else:
             live.pop(named(action), None)
+    if protocol is None:  # a checkpoint these reads did not find (a v2 one written as JSON): its files are unknown
+        return None
     files = []
     for add in live.values():
         stats = json.loads(add.get("stats") or "{}")
@@ -229,4 +249,5 @@ def may_hold(add: dict[str, Any], column: str, low_ms: int, high_ms: int) -> boo
         return True
     if first.tzinfo is None or last.tzinfo is None:
         return True
-    return first.timestamp() * 1000 <= high_ms and last.timestamp() * 1000 + 1 >= low_ms
+    ms = timedelta(milliseconds=1)  # whole milliseconds, not a float's: a bound equal to a limit must stay equal
+    return (first - _EPOCH) // ms <= high_ms and (last - _EPOCH) // ms + 1 >= low_ms

@@ -17,7 +17,7 @@ import gc
 import os
 import signal
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -150,12 +150,22 @@ def batch_column(name: str, batch_id: int) -> Column:
 
 
 @contextmanager
-def beside(work: Callable[[], T]) -> Iterator[Future[T]]:
+def beside(work: Callable[[], T], pause_collector: bool = True) -> Iterator[Future[T]]:
     """Run ``work`` in another thread while the block runs in this one, and wait for it when the block
     ends (its outcome: the yielded future's ``result()``). For work sharing no table with the block's,
-    as ``together``; the block keeps this thread, so Ctrl-C stops what it runs instead of waiting for it."""
-    with _collector_paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="rulewatch-beside") as pool:
-        yield pool.submit(contextvars.copy_context().run, work)
+    as ``together``. The block keeps this thread, so Ctrl-C interrupts it at once (the work beside is
+    still waited for). If both fail, the block's error is raised with the work's as a note.
+
+    ``pause_collector``: as ``together``, for a Spark Connect session (SPARK-55020); a classic one
+    needs no pause, which over a long block would let reference cycles pile up."""
+    with _collector_paused() if pause_collector else nullcontext(), ThreadPoolExecutor(1, thread_name_prefix="rulewatch-beside") as pool:
+        future = pool.submit(contextvars.copy_context().run, work)
+        try:
+            yield future
+        except BaseException as err:
+            if (other := future.exception()) is not None:
+                err.add_note(f"meanwhile, beside it: {other!r}")
+            raise
 
 
 @contextmanager

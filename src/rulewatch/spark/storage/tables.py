@@ -7,12 +7,14 @@ functions and never looks at which it was given.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.spark.storage.delta_log import CheckpointError, live_files, may_hold, table_version, whole_history_is_appends
+from rulewatch.spark.storage.delta_log import CheckpointError, column_names, live_files, may_hold, table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
 
@@ -38,6 +40,10 @@ def read(spark: SparkSession, table: str, version: int | None = None) -> DataFra
     return reader.format("delta").load(table)
 
 
+# What Hadoop's path globbing (spark.read.parquet) or URI parsing would take otherwise than Delta's load does.
+_PATTERN = re.compile(r"[\[\]{}*?\\:]")
+
+
 def read_near(
     spark: SparkSession, table: str, schema: StructType, column: str, low_ms: int | None = None, high_ms: int | None = None
 ) -> DataFrame | None:
@@ -49,9 +55,10 @@ def read_near(
     names: a Delta read costs a Spark job over the table's log whenever the table has a new version
     (~0.5-0.6 s of a duplicate lookup's ~1.1 s, docs/benchmarks.md), which tables written every batch
     always have. Delta's own read where the log cannot be read here (a catalog table, deletion
-    vectors or any other reader feature, a log changing under a VACUUM)."""
+    vectors or any other reader feature, a log this code does not understand), and for a path that
+    Spark's file reader would take as a pattern (``[``, ``{``, ``*``, ``?``, ``\\``) or a URI (``:``)."""
     try:
-        files = None if is_table_name(table) else live_files(table)
+        files = None if is_table_name(table) or _PATTERN.search(table) else live_files(table)
     except (OSError, ValueError, KeyError, TypeError, CheckpointError):
         files = None
     if files is None:
@@ -101,6 +108,16 @@ def exists(spark: SparkSession, table: str) -> bool:
     return True
 
 
+def _has_columns(table: str, schema: StructType) -> bool:
+    """Whether the path table's log here says it exists with every column of ``schema`` (False: it
+    does not, or the log cannot tell)."""
+    try:
+        names = column_names(table)
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+        return False
+    return names is not None and set(schema.fieldNames()) <= set(names)
+
+
 def save(writer: DataFrameWriter, table: str) -> None:
     """Run ``writer`` (format, mode and options set) into the existing ``table``; Delta's write options hold for both."""
     if is_table_name(table):
@@ -134,6 +151,8 @@ def ensure_table(
     ``stats_columns``: the columns whose min/max Delta keeps per file (by default the first 32).
     For the tables written a million rows at a time, only the columns reads filter on: the
     statistics of every other column cost each append ~35 % of its time (docs/journal/benchmarks.md)."""
+    if not is_table_name(table) and _has_columns(table, schema):
+        return  # read from its log: no SQL statement, which costs ~0.1-0.5 s even for a table that exists
     stats = {"delta.dataSkippingStatsColumns": ",".join(stats_columns)} if stats_columns else {}
     props = {"delta.appendOnly": "false", "delta.checkpointInterval": str(CHECKPOINT_INTERVAL), **stats, **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
