@@ -7,6 +7,7 @@ exercises exactly what production runs.
 from __future__ import annotations
 
 import time
+from functools import partial
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -26,12 +27,12 @@ from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.layers.landing import LandingReport, audit
-from rulewatch.spark.storage.metrics import Recorder, flush_pending
+from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, flush_pending
 from rulewatch.spark.control.rules_table import RuleChange, apply_rules, checked_rules_file, finish_rule_history, start_rule_history
 from rulewatch.spark.runtime.session import foreach_batch_runs_here, is_connect
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
 from rulewatch.spark.storage import tables
-from rulewatch.spark.storage.sinks import beside
+from rulewatch.spark.storage.sinks import beside, together
 
 Log = Callable[[str], None]
 
@@ -72,10 +73,12 @@ def _await_watched(query: StreamingQuery, kafka: KafkaSource, log: Log) -> None:
 
 
 def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
-    """Every table the job reads or writes, so each stream can start on an empty lakehouse."""
-    ensure_bronze_table(spark, lakehouse)
-    ensure_silver_tables(spark, lakehouse)
-    ensure_gold_tables(spark, lakehouse)
+    """Every table the job reads or writes, so each stream can start on an empty lakehouse.
+
+    The layers' tables are created at once (each creation is mostly the driver waiting on its log),
+    after the metrics table they share: two creations of one table at once would conflict."""
+    ensure_metrics_table(spark, lakehouse)
+    together([partial(ensure, spark, lakehouse) for ensure in (ensure_bronze_table, ensure_silver_tables, ensure_gold_tables)])
 
 
 JOB_LAYERS = ("bronze", "silver", "gold")
@@ -350,8 +353,8 @@ def run_all(
     """Apply the rules file (if any), process everything landed once, and summarise the lakehouse.
 
     Steps that share no table run at once, each being mostly the driver waiting on Delta's log and
-    small Spark jobs (docs/testing.md): the rules file's MERGE beside bronze (silver and gold wait for
-    both), the rule history beside the commit of the run's metrics rows."""
+    small Spark jobs (docs/testing.md): the rules file's MERGE beside bronze and silver (gold waits for
+    it), the rule history beside the commit of the run's metrics rows."""
     rules = checked_rules_file(rules_file) if rules_file else None  # a bad file stops the run before anything starts
     # Every table first: the MERGE tags its commit through a session setting (rules_table._merge), which
     # a table created or altered beside it would take as well (appends name their batch themselves).
@@ -366,10 +369,13 @@ def run_all(
     history: StreamingQuery | None = None
     try:
         with metrics_gathered(spark, lakehouse) as recorders:
+            silver_said: list[str] = []  # said once the MERGE has ended as well: a caller acting on them must not race it
             with beside(merge, pause_collector=is_connect(spark)) as merged:
                 landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
+                run_silver(spark, lakehouse, silver_said.append, recorders["silver"])
             changes = merged.result()
-            run_silver(spark, lakehouse, log, recorders["silver"])
+            for line in silver_said:
+                log(line)
             run_gold(spark, lakehouse, settings, log, recorders["gold"])
             wrapping_up = time.monotonic()
             check_queries(lakehouse, "rule_history", spark=spark)
