@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.spark.storage.delta_log import CheckpointError, column_names, live_files, may_hold, table_version, whole_history_is_appends
+from rulewatch.spark.storage.delta_log import column_names, live_files, may_hold, table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
 
@@ -56,10 +56,11 @@ def read_near(
     (~0.5-0.6 s of a duplicate lookup's ~1.1 s, docs/benchmarks.md), which tables written every batch
     always have. Delta's own read where the log cannot be read here (a catalog table, deletion
     vectors or any other reader feature, a log this code does not understand), and for a path that
-    Spark's file reader would take as a pattern (``[``, ``{``, ``*``, ``?``, ``\\``) or a URI (``:``)."""
+    Spark's file reader would take as a pattern (``[``, ``{``, ``*``, ``?``, ``\\``) or a URI (``:``).
+    A gap in the log's commits raises CheckpointError, which names the missing commit and the way back."""
     try:
         files = None if is_table_name(table) or _PATTERN.search(table) else live_files(table)
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+    except (OSError, ValueError, KeyError, TypeError):
         files = None
     if files is None:
         return read(spark, table)
@@ -110,10 +111,11 @@ def exists(spark: SparkSession, table: str) -> bool:
 
 def _has_columns(table: str, schema: StructType) -> bool:
     """Whether the path table's log here says it exists with every column of ``schema`` (False: it
-    does not, or the log cannot tell)."""
+    does not, or the log cannot tell). A commit missing from the log raises CheckpointError, which names
+    it and the way back, before any SQL statement fails on it less clearly."""
     try:
         names = column_names(table)
-    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+    except (OSError, ValueError, KeyError, TypeError):
         return False
     return names is not None and set(schema.fieldNames()) <= set(names)
 
