@@ -21,7 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.layers.bronze import Source, check_source, ensure_bronze_table, start_bronze
 from rulewatch.spark.storage.checkpoints import check_queries, delta_version_read
-from rulewatch.spark.storage.delta_log import live_files, table_version
+from rulewatch.spark.storage.delta_log import UNREADABLE, live_files, table_version
 from rulewatch.spark.layers.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
@@ -239,7 +239,7 @@ def _counted_from_files(lakehouse: Lakehouse) -> dict[str, Any] | None:
     }  # fmt: skip
     try:
         return _count_files({name: live_files(path) for name, path in tables_.items()})
-    except (OSError, ValueError, KeyError, TypeError):  # a file gone under a concurrent VACUUM, an unexpected log: ask Spark
+    except UNREADABLE:  # a file gone under a concurrent VACUUM, an unexpected log: ask Spark
         return None
 
 
@@ -281,7 +281,7 @@ def _rules_read(lakehouse: Lakehouse) -> tuple[int, int] | None:
         if table is None:
             return None
         read = delta_version_read(lakehouse.checkpoint("gold"), table[0])
-    except (OSError, ValueError, KeyError, TypeError):  # an unexpected log or checkpoint: say nothing rather than guess
+    except UNREADABLE:  # an unexpected log or checkpoint: say nothing rather than guess
         return None
     return None if read is None else (read, table[1])
 
@@ -290,7 +290,7 @@ def _active_at(lakehouse: Lakehouse, version: int) -> int | None:
     """ACTIVE rows of config/rules at ``version``, from its log and files (None: they no longer give it)."""
     try:
         files = live_files(lakehouse.rules, version)
-    except (OSError, ValueError, KeyError, TypeError):
+    except UNREADABLE:
         return None
     return None if files is None else _active(files)
 

@@ -30,6 +30,11 @@ HISTORY_DEPTH = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+# What reading a log as files raises for a log these reads do not understand, or a file removed meanwhile:
+# the callers then ask Spark instead.
+UNREADABLE = (OSError, ValueError, KeyError, TypeError)
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint or table that cannot be resumed safely: names the path and what to do."""
 
@@ -180,16 +185,11 @@ def table_version(table: str) -> tuple[str, int] | None:
 
 def column_names(table: str) -> list[str] | None:
     """The column names of the path table's newest schema, from its log (None: no log here, or
-    no schema in it): the newest commit that changed the metadata, else its checkpoint's."""
+    no schema in it)."""
     log = Path(table, "_delta_log")
     if not log.is_dir():
         return None
-    checkpoint_version, later = _log_versions(log)
-    for version in reversed(later):
-        for line in (log / f"{version:020d}.json").read_text(encoding="utf-8").splitlines():
-            if line.startswith('{"metaData"'):
-                return [f["name"] for f in json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]]
-    found = [a for kind, a in actions(log, ("metaData",), checkpoint_version) if kind == "metaData"] if checkpoint_version >= 0 else []
+    found = [action for _, action in actions(log, ("metaData",))]
     return [f["name"] for f in json.loads(found[-1]["schemaString"])["fields"]] if found else None
 
 

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.spark.storage.delta_log import column_names, live_files, may_hold, table_version, whole_history_is_appends
+from rulewatch.spark.storage.delta_log import UNREADABLE, column_names, live_files, may_hold, table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
 
@@ -60,7 +60,7 @@ def read_near(
     A gap in the log's commits raises CheckpointError, which names the missing commit and the way back."""
     try:
         files = None if is_table_name(table) or _PATTERN.search(table) else live_files(table)
-    except (OSError, ValueError, KeyError, TypeError):
+    except UNREADABLE:
         files = None
     if files is None:
         return read(spark, table)
@@ -115,7 +115,7 @@ def _has_columns(table: str, schema: StructType) -> bool:
     it and the way back, before any SQL statement fails on it less clearly."""
     try:
         names = column_names(table)
-    except (OSError, ValueError, KeyError, TypeError):
+    except UNREADABLE:
         return False
     return names is not None and set(schema.fieldNames()) <= set(names)
 
