@@ -231,6 +231,15 @@ def test_latest_alerts_are_the_newest_by_event_time_in_reading_order(spark, fixt
     assert [r.transaction_id for r in shown] == [r.transaction_id for r in every[-3:]]
 
 
+def test_latest_alerts_of_a_gold_table_without_a_file_are_none(spark, tmp_path):
+    from rulewatch.spark.layers.gold import ensure_gold_tables
+    from rulewatch.spark.layers.pipeline import latest_alerts
+
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_gold_tables(spark, lakehouse)
+    assert latest_alerts(spark, lakehouse).collect() == []
+
+
 def test_the_big_tables_keep_file_statistics_only_for_the_columns_reads_filter_on(fixture_run):
     # Statistics of every column cost each large append ~35 %; the ones kept are what the duplicate
     # lookup (silver batch, event time) and the alert explanations (time, id, key) skip files by.

@@ -31,7 +31,7 @@ from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, flus
 from rulewatch.spark.control.rules_table import RuleChange, apply_rules, checked_rules_file, finish_rule_history, start_rule_history
 from rulewatch.spark.runtime.session import foreach_batch_runs_here, is_connect
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
-from rulewatch.spark.storage import tables
+from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.sinks import beside, together
 
 Log = Callable[[str], None]
@@ -391,9 +391,13 @@ def run_all(
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):
-    """The ``limit`` alerts with the newest event times, shown oldest first so they read in order."""
+    """The ``limit`` alerts with the newest event times, shown oldest first so they read in order.
+
+    Read from the files the table's log names (``tables.read_near``): gold has just added a version,
+    for which a Delta read would first run a Spark job over the log (~1 s of a `rulewatch run`)."""
+    alerts = tables.read_near(spark, lakehouse.alerts, schema.ALERTS, "event_time")
     newest = (
-        tables.read(spark, lakehouse.alerts)
+        (spark.createDataFrame([], schema.ALERTS) if alerts is None else alerts)
         .orderBy(F.col("event_time").desc(), F.col("rule_id").desc(), F.col("transaction_id").desc())
         .select("rule_id", "group_key", "transaction_id", "event_time", "aggregate_value", "operator", "limit", "event_count")
         .limit(limit)
