@@ -154,3 +154,28 @@ def consume_all(topic, expected: int, timeout: float = 60) -> list[dict]:
     finally:
         consumer.close()
     return records
+
+
+@pytest.fixture
+def stream_ends_when(monkeypatch):
+    """``stream_ends_when(holds)``: an in-process `rulewatch stream` stops once ``holds(lines)`` is true of
+    the lines its progress loop has logged, the way its ``--duration`` would stop it, so a test waits for
+    what it is about instead of a fixed time. Its ``--duration`` stays as the bound on a stream that never
+    gets there (the test then fails on what did not happen)."""
+    from rulewatch.spark.live import streams
+
+    def install(holds) -> None:
+        follow = streams.follow
+
+        def follow_until(monitor, until, log, **kwargs):
+            logged: list[str] = []
+
+            def keep(line: str) -> None:
+                logged.append(line)
+                log(line)
+
+            follow(monitor, lambda: until() or holds(logged), keep, **kwargs)
+
+        monkeypatch.setattr(streams, "follow", follow_until)
+
+    return install

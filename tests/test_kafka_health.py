@@ -66,8 +66,10 @@ def test_a_mistyped_topic_is_refused_and_binds_nothing(kafka_broker, tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(spark, tmp_path, capsys):
-    """A broker of its own, stopped for ~15 s once the stream has ingested its first records, then started again."""
+def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(spark, tmp_path, capsys, stream_ends_when):
+    """A broker of its own, stopped for ~15 s once the stream has ingested its first records, then started
+    again; the stream ends once it has said so and bronze holds every record."""
+    from rulewatch.spark.storage import delta_log
     from rulewatch.spark.storage.lakehouse import Lakehouse
 
     folder = tmp_path / "kafka"
@@ -87,15 +89,28 @@ def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(
         broker.start(folder)
         send_all(topic, lines[10:])
 
+    printed: list[pytest.CaptureResult] = []  # the Kafka watch prints beside the progress loop's lines
+
+    def back_and_all_in(_lines: list[str]) -> bool:
+        printed.append(capsys.readouterr())
+        if thread.is_alive() or "answers again after" not in "".join(p.out for p in printed):
+            return False
+        try:
+            return sum(f["numRecords"] for f in delta_log.live_files(lakehouse.bronze_transactions) or []) == len(lines)
+        except delta_log.UNREADABLE:  # a commit being written
+            return False
+
+    stream_ends_when(back_and_all_in)
     thread = threading.Thread(target=outage)
     thread.start()
     try:
         code = main(["stream", "--lakehouse", lakehouse.root, "--kafka-bootstrap", topic.bootstrap, "--kafka-topic", topic.topic,
-                     "--duration", "70"])  # fmt: skip
+                     "--duration", "150"])  # fmt: skip
     finally:
         thread.join()
         broker.stop(folder)
-    out, err = capsys.readouterr()
+    printed.append(capsys.readouterr())
+    out, err = "".join(p.out for p in printed), "".join(p.err for p in printed)
     assert f"WARNING: Kafka at {topic.bootstrap} is not answering" in out
     assert f"Kafka at {topic.bootstrap} answers again after" in out
     assert code == 1 and f"rulewatch stream: Kafka at {topic.bootstrap} did not answer for" in err

@@ -56,12 +56,13 @@ def test_a_file_that_is_no_request_is_set_aside_and_the_stream_goes_on(tmp_path)
 
 
 @pytest.mark.slow
-def test_rules_applied_while_a_stream_runs_are_applied_by_the_stream(spark, tmp_path, capsys, monkeypatch):
+def test_rules_applied_while_a_stream_runs_are_applied_by_the_stream(spark, tmp_path, capsys, monkeypatch, stream_ends_when):
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     landing = tmp_path / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)
     stream_args = ["stream", "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", str(FIXTURES / "rules.json"),
-                   "--duration", "45", "--trigger", "1 second"]  # fmt: skip
+                   "--duration", "120", "--trigger", "1 second"]  # fmt: skip
+    stream_ends_when(lambda lines: any("gold now evaluates config/rules version 2" in line for line in lines))
     exits: list[int] = []
     runner = threading.Thread(target=lambda: exits.append(main(stream_args)), daemon=True)
     runner.start()
@@ -73,9 +74,9 @@ def test_rules_applied_while_a_stream_runs_are_applied_by_the_stream(spark, tmp_
     changed = tmp_path / "rules.json"
     changed.write_text(json.dumps([{**RULE, "description": "added while the stream runs"}]))
     # From here on nothing in this process may start Spark: the stream already has it.
-    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("rules apply started Spark"))
-    code = main(["rules", "apply", str(changed), "--lakehouse", lakehouse.root, "--updated-by", "ann"])
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("rules apply started Spark"))
+        code = main(["rules", "apply", str(changed), "--lakehouse", lakehouse.root, "--updated-by", "ann"])
     runner.join(timeout=180)
     assert code == 0 and exits == [0]
     out, err = capsys.readouterr()
