@@ -303,6 +303,21 @@ def test_the_summary_read_from_the_tables_files_is_the_one_spark_counts(spark, f
     assert from_files == summarize(spark, lakehouse, use_files=False)
 
 
+def test_a_column_s_largest_value_comes_from_the_files_statistics_or_else_from_delta(spark, fixture_run, tmp_path):
+    from rulewatch.spark.storage.tables import column_max
+
+    alerts = fixture_run.lakehouse.alerts
+    assert column_max(spark, alerts, "gold_batch_id") == spark.read.format("delta").load(alerts).agg(F.max("gold_batch_id")).first()[0] is not None
+    empty, unindexed = str(tmp_path / "empty"), str(tmp_path / "unindexed")
+    ensure_table(spark, empty, spark.range(1).schema)
+    assert column_max(spark, empty, "id") is None
+    # A file without statistics for the column says nothing about it: Delta reads the rows.
+    spark.sql(f"CREATE TABLE delta.`{unindexed}` (n BIGINT, id BIGINT) USING delta TBLPROPERTIES ('delta.dataSkippingNumIndexedCols' = '1')")
+    spark.range(5).selectExpr("CAST(0 AS BIGINT) AS n", "id").write.format("delta").mode("append").save(unindexed)
+    assert "id" not in json.loads(live_files(unindexed)[0]["stats"])["maxValues"]
+    assert column_max(spark, unindexed, "id") == 4
+
+
 def test_a_table_whose_rows_the_files_alone_do_not_give_is_left_to_spark(spark, tmp_path):
     rewritten, pruned = str(tmp_path / "rewritten"), str(tmp_path / "pruned")
     spark.range(10).write.format("delta").save(rewritten)

@@ -145,7 +145,7 @@ class Monitor:
     def __post_init__(self) -> None:
         self.layers["gold"].batch_base = batch_base(self.lakehouse.checkpoint("gold"))
         # Alerts of earlier runs on this lakehouse are not news.
-        latest = tables.read(self.spark, self.lakehouse.alerts).agg(F.max("gold_batch_id")).first()[0]
+        latest = tables.column_max(self.spark, self.lakehouse.alerts, "gold_batch_id")
         self._last_gold_batch = -1 if latest is None else latest
 
     def _new_alerts(self, kept: list[dict[str, Any]]) -> tuple[list[Alert], str]:

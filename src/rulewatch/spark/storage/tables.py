@@ -7,10 +7,12 @@ functions and never looks at which it was given.
 
 from __future__ import annotations
 
+import json
 import re
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, DataFrameWriter, Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
@@ -67,6 +69,21 @@ def read_near(
     low, high = -(2**63) if low_ms is None else low_ms, 2**63 if high_ms is None else high_ms
     near = [f["path"] for f in files if may_hold(f, column, low, high)]
     return spark.read.schema(schema).parquet(*near) if near else None
+
+
+def column_max(spark: SparkSession, table: str, column: str) -> int | None:
+    """The largest value of the integer ``column`` (None: no rows). A path table's files' statistics
+    answer without a Spark job where every file has one for it; else Delta reads the table (as
+    ``read_near`` says, a Delta read first runs a job over a log that has moved on)."""
+    try:
+        files = None if is_table_name(table) else live_files(table)
+    except UNREADABLE:
+        files = None
+    if files is not None:
+        highs = [(json.loads(f.get("stats") or "{}").get("maxValues") or {}).get(column) for f in files]
+        if all(isinstance(high, int) for high in highs):
+            return max(highs, default=None)
+    return read(spark, table).agg(F.max(column)).first()[0]
 
 
 def read_stream(reader: DataStreamReader, table: str, starting_version: int | str | None = None) -> DataFrame:
