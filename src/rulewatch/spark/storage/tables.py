@@ -46,6 +46,17 @@ def read(spark: SparkSession, table: str, version: int | None = None) -> DataFra
 _PATTERN = re.compile(r"[\[\]{}*?\\:]")
 
 
+def _files_here(table: str) -> list[dict] | None:
+    """The path table's files as its log here names them (``delta_log.live_files``); None for a catalog
+    table or a log these reads cannot follow, which Delta's own read then answers for."""
+    if is_table_name(table):
+        return None
+    try:
+        return live_files(table)
+    except UNREADABLE:
+        return None
+
+
 def read_near(
     spark: SparkSession, table: str, schema: StructType, column: str, low_ms: int | None = None, high_ms: int | None = None
 ) -> DataFrame | None:
@@ -60,10 +71,7 @@ def read_near(
     vectors or any other reader feature, a log this code does not understand), and for a path that
     Spark's file reader would take as a pattern (``[``, ``{``, ``*``, ``?``, ``\\``) or a URI (``:``).
     A gap in the log's commits raises CheckpointError, which names the missing commit and the way back."""
-    try:
-        files = None if is_table_name(table) or _PATTERN.search(table) else live_files(table)
-    except UNREADABLE:
-        files = None
+    files = None if _PATTERN.search(table) else _files_here(table)
     if files is None:
         return read(spark, table)
     low, high = -(2**63) if low_ms is None else low_ms, 2**63 if high_ms is None else high_ms
@@ -75,10 +83,7 @@ def column_max(spark: SparkSession, table: str, column: str) -> int | None:
     """The largest value of the integer ``column`` (None: no rows). A path table's files' statistics
     answer without a Spark job where every file has one for it; else Delta reads the table (as
     ``read_near`` says, a Delta read first runs a job over a log that has moved on)."""
-    try:
-        files = None if is_table_name(table) else live_files(table)
-    except UNREADABLE:
-        files = None
+    files = _files_here(table)
     if files is not None:
         highs = [(json.loads(f.get("stats") or "{}").get("maxValues") or {}).get(column) for f in files]
         if all(isinstance(high, int) for high in highs):
