@@ -12,7 +12,9 @@ from urllib.parse import urlparse
 import pytest
 from pyspark.util import disable_gc
 
+from rulewatch.spark.storage import delta_log
 from rulewatch.spark.storage.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
+from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive, held_here
 from rulewatch.spark.storage.metrics import metrics_sink
 from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, beside, history_batches, per_run, sink_name, together
 from rulewatch.spark.storage.tables import ensure_table, read
@@ -188,3 +190,31 @@ def test_a_sinks_newest_batch_comes_from_the_newest_commit_naming_it_else_from_d
     assert newest_committed_batch(table, "rulewatch.test.t") == 4
     assert newest_committed_batch(table, "rulewatch.test.u") == 9
     assert newest_committed_batch(table, "rulewatch.test.v") == -1
+
+
+@pytest.mark.jvm
+def test_in_a_lakehouse_this_process_holds_a_replay_is_told_by_the_commits_without_deltas_txn_check(spark, tmp_path, monkeypatch):
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    table, sink = str(Path(lakehouse.root, "gold", "t")), "rulewatch.test.t"
+    ensure_table(spark, table, spark.range(1).schema)
+    assert not held_here(table)
+    with exclusive(lakehouse):
+        assert held_here(table) and not held_here(str(tmp_path / "lakehouse2" / "t")) and not held_here("main.gold.t")
+        for _ in range(2):  # two runs whose first batch is 5: the second a replay
+            per_run(lambda batch, batch_id: append_once(batch, table, sink, batch_id))(spark.range(3), 5)
+    assert not held_here(table)
+    # No other run could commit meanwhile and the commits since version 0 told the answer: no txn record.
+    assert [(m["txnVersion"], txn) for m, txn in _commits(_log(spark, table))[1:]] == [(5, False)]
+    assert read(spark, table).count() == 3  # the replay skipped
+    append_once(spark.range(1), table, sink, 6)  # not held: Delta's guard as well
+    assert _commits(_log(spark, table))[-1][1]
+
+    # Held, but the commits read (the newest two here) do not name the sink and older ones went unread: guarded.
+    monkeypatch.setattr(delta_log, "HISTORY_DEPTH", 2)
+    with exclusive(lakehouse):
+        append_once(spark.range(1), table, "rulewatch.test.u", 1)
+        assert _commits(_log(spark, table))[-1][1]
+        append_once(spark.range(1), table, sink, 7)  # named two commits back (batch 6): told
+        assert not _commits(_log(spark, table))[-1][1]
+        append_once(spark.range(1), table, sink, 7)  # and a replay of it skipped
+    assert read(spark, table).count() == 3 + 1 + 1 + 1

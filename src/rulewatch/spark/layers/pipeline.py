@@ -23,7 +23,7 @@ from rulewatch.spark.layers.bronze import Source, check_source, ensure_bronze_ta
 from rulewatch.spark.storage.checkpoints import check_queries, delta_version_read
 from rulewatch.spark.storage.delta_log import UNREADABLE, live_files, table_version
 from rulewatch.spark.layers.gold import GoldSettings, ensure_gold_tables, start_gold
-from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.layers.landing import LandingReport, audit
@@ -356,38 +356,41 @@ def run_all(
     small Spark jobs (docs/testing.md): the rules file's MERGE beside bronze and silver (gold waits for
     it), the rule history beside the commit of the run's metrics rows."""
     rules = checked_rules_file(rules_file) if rules_file else None  # a bad file stops the run before anything starts
-    # Every table first: the MERGE tags its commit through a session setting (rules_table._merge), which
-    # a table created or altered beside it would take as well (appends name their batch themselves).
-    ensure_all_tables(spark, lakehouse)
+    # The lakehouse held for the run, as `rulewatch run` holds it (already held there): a second run fails
+    # fast, and the run's first appends skip Delta's concurrent-writer guard (sinks.replay_check).
+    with holding(lakehouse, "run_all"):
+        # Every table first: the MERGE tags its commit through a session setting (rules_table._merge), which
+        # a table created or altered beside it would take as well (appends name their batch themselves).
+        ensure_all_tables(spark, lakehouse)
 
-    def merge() -> list[RuleChange]:
-        changes = apply_rules(spark, lakehouse, rules) if rules else []
-        for change in changes:
-            log(f"rules: {change}")
-        return changes
+        def merge() -> list[RuleChange]:
+            changes = apply_rules(spark, lakehouse, rules) if rules else []
+            for change in changes:
+                log(f"rules: {change}")
+            return changes
 
-    history: StreamingQuery | None = None
-    try:
-        with metrics_gathered(spark, lakehouse) as recorders:
-            silver_said: list[str] = []  # said once the MERGE has ended as well: a caller acting on them must not race it
-            with beside(merge, pause_collector=is_connect(spark)) as merged:
-                landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
-                run_silver(spark, lakehouse, silver_said.append, recorders["silver"])
-            changes = merged.result()
-            for line in silver_said:
-                log(line)
-            run_gold(spark, lakehouse, settings, log, recorders["gold"])
-            wrapping_up = time.monotonic()
-            check_queries(lakehouse, "rule_history", spark=spark)
-            history = start_rule_history(spark, lakehouse)  # while the metrics rows are committed
-    except BaseException:
-        if history is not None:  # the metrics commit failed: the next start must not find it running
-            history.stop()
-        raise
-    finish_rule_history(history)
-    log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
-    described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
-    return changes, summarize(spark, lakehouse, landed, described)
+        history: StreamingQuery | None = None
+        try:
+            with metrics_gathered(spark, lakehouse) as recorders:
+                silver_said: list[str] = []  # said once the MERGE has ended as well: a caller acting on them must not race it
+                with beside(merge, pause_collector=is_connect(spark)) as merged:
+                    landed = run_bronze(spark, lakehouse, source, log, recorders["bronze"])
+                    run_silver(spark, lakehouse, silver_said.append, recorders["silver"])
+                changes = merged.result()
+                for line in silver_said:
+                    log(line)
+                run_gold(spark, lakehouse, settings, log, recorders["gold"])
+                wrapping_up = time.monotonic()
+                check_queries(lakehouse, "rule_history", spark=spark)
+                history = start_rule_history(spark, lakehouse)  # while the metrics rows are committed
+        except BaseException:
+            if history is not None:  # the metrics commit failed: the next start must not find it running
+                history.stop()
+            raise
+        finish_rule_history(history)
+        log(f"metrics rows and rule history: done in {time.monotonic() - wrapping_up:.1f}s")
+        described = f"Kafka topic {source.topic.topic} at {source.topic.bootstrap}" if isinstance(source, KafkaSource) else None
+        return changes, summarize(spark, lakehouse, landed, described)
 
 
 def latest_alerts(spark: SparkSession, lakehouse: Lakehouse, limit: int = 20):

@@ -166,11 +166,34 @@ def newest_committed_batch(table: str, sink: str) -> int:
     to Delta's ``txn`` records. On a mounted volume every file read is a round trip to object
     storage, so this stops as soon as it can.
     """
+    told = batch_told_by_commits(table, sink)
+    if told is not None:
+        return told
+    return max((txn["version"] for _, txn in actions(Path(table, "_delta_log"), ("txn",)) if txn["appId"] == sink), default=-1)
+
+
+def batch_told_by_commits(table: str, sink: str) -> int | None:
+    """The newest batch ``sink`` appended to the path table ``table`` (-1: none) as its commit files tell
+    it, newest first: the first commit naming the sink (in its ``userMetadata`` or a ``txn`` action)
+    answers. None when they cannot tell: no commit read names the sink, and not every commit since
+    version 0 was read (past ``HISTORY_DEPTH``, or removed by log cleanup), so older ones might."""
     log = Path(table, "_delta_log")
-    for found, batch in _commit_metadata(log):
-        if found == sink:
-            return batch
-    return max((txn["version"] for _, txn in actions(log, ("txn",)) if txn["appId"] == sink), default=-1)
+    commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
+    whole = bool(commits) and int(commits[-1].stem) == 0 and len(commits) <= HISTORY_DEPTH
+    for commit in commits[:HISTORY_DEPTH]:
+        try:
+            lines = commit.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            whole = False  # removed by Delta's log cleanup since the listing
+            continue
+        named = [
+            *(pair for line in lines if line.startswith('{"commitInfo"') for pair in sink_batches(json.loads(line)["commitInfo"].get("userMetadata"))),
+            *((txn["appId"], txn["version"]) for line in lines if line.startswith('{"txn"') for txn in [json.loads(line)["txn"]]),
+        ]
+        batches = [batch for found, batch in named if found == sink]
+        if batches:
+            return max(batches)
+    return -1 if whole else None
 
 
 def table_version(table: str) -> tuple[str, int] | None:

@@ -166,6 +166,10 @@ def _locked(handle: IO[str]) -> bool:
     return False
 
 
+# The local lakehouses this process holds (``exclusive``): until it lets go, no other process writes there.
+_HELD: set[str] = set()
+
+
 @contextmanager
 def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
     """Hold the lakehouse for one run: a second run fails fast instead of racing on the checkpoints.
@@ -189,10 +193,28 @@ def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
         handle.truncate()
         handle.write(f"pid {os.getpid()}{f' ({command})' if command else ''} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         handle.flush()
+        _HELD.add(lakehouse.root)
         try:
             yield
         finally:
+            _HELD.discard(lakehouse.root)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def holding(lakehouse: Lakehouse, command: str) -> Iterator[None]:
+    """``exclusive``, unless this process holds the lakehouse already (a command around a library call)."""
+    if lakehouse.root in _HELD:
+        yield
+    else:
+        with exclusive(lakehouse, command):
+            yield
+
+
+def held_here(table: str) -> bool:
+    """Whether the path table lies in a local lakehouse this process holds: then no other process
+    commits to it meanwhile (sinks.py leaves out Delta's concurrent-writer guard there)."""
+    return os.path.isabs(table) and any(os.path.commonpath([root, table]) == root for root in _HELD)
 
 
 def lock_holder(lakehouse: Lakehouse) -> str | None:

@@ -4,9 +4,10 @@
 batch of a query's run can be such a replay (a query starts with the batch its last run planned,
 and a failed batch ends the run), so only that batch pays for the check (``per_run``): it skips a
 (sink, batch) the table's history already holds, and writes with Delta's ``txnAppId`` +
-``txnVersion`` as a second guard. Later batches of the run append without it — Delta answers
-``txnVersion`` by reconstructing the table's state, more than half of a small append's cost
-(docs/journal/benchmarks.md). Every commit names its (sink, batch) in ``userMetadata``, which is what the
+``txnVersion`` as a second guard against another writer (``replay_check``: not where the lakehouse's
+lock keeps every other run out and the table's commits answered whole). Later batches of the run append
+without it — Delta answers ``txnVersion`` by reconstructing the table's state, more than half of a small
+append's cost (docs/journal/benchmarks.md). Every commit names its (sink, batch) in ``userMetadata``, which is what the
 check and checkpoints.py read.
 """
 
@@ -17,7 +18,7 @@ import gc
 import os
 import signal
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -25,7 +26,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rulewatch.spark.storage import tables
-from rulewatch.spark.storage.delta_log import HISTORY_DEPTH, batch_metadata, newest_committed_batch, newest_per_sink, sink_batches
+from rulewatch.spark.storage.delta_log import HISTORY_DEPTH, UNREADABLE, batch_metadata, batch_told_by_commits, newest_committed_batch, newest_per_sink, sink_batches
+from rulewatch.spark.storage.lakehouse import held_here
 
 T = TypeVar("T")
 
@@ -114,11 +116,29 @@ def append_once(
         if not _MAY_REPEAT.get():
             tables.save(writer, table)
             appended = True
-        elif newest_batch(df.sparkSession, table, sink) < batch_id:
-            tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id), table)
-            appended = True
+        else:
+            newest, guarded = replay_check(df.sparkSession, table, sink)
+            if newest < batch_id:
+                tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id) if guarded else writer, table)
+                appended = True
     crash_point(sink, batch_id, "after")
     return appended
+
+
+def replay_check(spark: SparkSession, table: str, sink: str) -> tuple[int, bool]:
+    """The newest batch ``sink`` appended to ``table``, and whether the append must carry Delta's
+    ``txnAppId`` + ``txnVersion`` as well.
+
+    It need not in a local lakehouse this process holds (``lakehouse.exclusive``: no other run commits
+    there meanwhile) when the table's commit files tell the answer whole: then Delta's ``txn`` check,
+    which reconstructs the table's state with a Spark job (~0.4-0.5 s an append, most of a small run's
+    appends), would only repeat it (docs/design.md, "Sinks")."""
+    if held_here(table):
+        with suppress(*UNREADABLE):
+            told = batch_told_by_commits(table, sink)
+            if told is not None:
+                return told, False
+    return newest_batch(spark, table, sink), True
 
 
 def newest_batch(spark: SparkSession, table: str, sink: str) -> int:
