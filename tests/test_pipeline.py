@@ -22,7 +22,7 @@ from rulewatch.spark.storage.delta_log import actions, live_files
 from rulewatch.spark.storage.tables import CHECKPOINT_INTERVAL, ensure_table
 from rulewatch.spark.layers.gold import GoldSettings
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from rulewatch.spark.layers.pipeline import Summary, _counted_from_files, run_all, summarize
+from rulewatch.spark.layers.pipeline import Summary, _counted_from_files, run_all, run_bronze, summarize
 from rulewatch.spark.control.rules_table import apply_rules
 
 ALERT_KEY = StructType([
@@ -448,3 +448,17 @@ def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evalua
     monkeypatch.undo()
     run_all(spark, lakehouse, str(landing), log=lambda _: None)  # the change reaches the evaluator: userId is routed no more
     assert held() == {"payeeId,beneficiaryId", "payeeId", *change.get("groupingKeyNames", [])}
+
+
+@pytest.mark.jvm
+def test_a_relative_landing_folder_is_read_and_reconciled_as_this_processs_folder(spark, tmp_path, monkeypatch):
+    # A notebook passes a folder relative to its own working directory, which the JVM need not share.
+    (tmp_path / "landing").mkdir()
+    shutil.copy(FIXTURES / "transactions" / "day1-a.jsonl", tmp_path / "landing")
+    monkeypatch.chdir(tmp_path)
+    said: list[str] = []
+    report = run_bronze(spark, Lakehouse(str(tmp_path / "lakehouse")), "landing", said.append)
+    assert report is not None and report.files == 1 and not report.problems, said
+    assert not any("NOT INGESTED" in line for line in said)
+    bronze = spark.read.format("delta").load(str(tmp_path / "lakehouse" / "bronze" / "transactions"))
+    assert bronze.count() == len((FIXTURES / "transactions" / "day1-a.jsonl").read_text().splitlines())

@@ -6,6 +6,7 @@ exercises exactly what production runs.
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from collections import Counter
@@ -111,6 +112,10 @@ def run_bronze(
     lost to retention before they were read stop the query instead of being skipped. Each batch's
     metrics row is committed at once unless ``recorder`` gathers them (``metrics_gathered``).
     """
+    if isinstance(source, str) and "://" not in source:
+        # Read and reconciled as one absolute folder: the file source logs absolute paths, and the JVM
+        # would take a relative one against its own working directory, not this process's.
+        source = os.path.abspath(source)
     ensure_bronze_table(spark, lakehouse)
     check_queries(lakehouse, "bronze", spark=spark)
     check_source(lakehouse, source)
