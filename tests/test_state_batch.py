@@ -39,7 +39,7 @@ from rulewatch.spark.storage import schema
 from rulewatch.spark.evaluator import state_batch
 from rulewatch.spark.evaluator.history import GENERATION_KEYS, check_layout, history_store, unrecorded_layout
 from rulewatch.spark.layers.gold import GoldSettings, start_gold
-from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
 from rulewatch.engine.rules import parse_rule
 from rulewatch.spark.control.rules_table import apply_rules
 from rulewatch.spark.layers.silver import ensure_silver_tables
@@ -531,15 +531,16 @@ def test_gold_gives_the_same_alerts_and_state_with_the_pipeline_on_off_and_switc
         ensure_silver_tables(spark, lakehouse)
         apply_rules(spark, lakehouse, [parse_rule(r) for r in GOLD_RULES])
     settings = GoldSettings(shards=2, state_slots=slots)
-    for n in range(len(GOLD_BATCHES)):
-        batch = _gold_batch(spark, n)
-        outputs = {}
-        for mode, lakehouse in lakehouses.items():
-            batch.write.format("delta").mode("append").save(lakehouse.silver_transactions)
-            monkeypatch.setenv(PIPELINE_ENV, "0" if mode == "switched" and n % 2 == 0 else "1")
-            start_gold(spark, lakehouse, settings).awaitTermination()
-            outputs[mode] = _gold_outputs(spark, lakehouse)
-        assert outputs["pipelined"] == outputs["switched"], f"after run {n + 1}"
+    with exclusive(lakehouses["pipelined"]), exclusive(lakehouses["switched"]):  # held, as a run holds its lakehouse
+        for n in range(len(GOLD_BATCHES)):
+            batch = _gold_batch(spark, n)
+            outputs = {}
+            for mode, lakehouse in lakehouses.items():
+                batch.write.format("delta").mode("append").save(lakehouse.silver_transactions)
+                monkeypatch.setenv(PIPELINE_ENV, "0" if mode == "switched" and n % 2 == 0 else "1")
+                start_gold(spark, lakehouse, settings).awaitTermination()
+                outputs[mode] = _gold_outputs(spark, lakehouse)
+            assert outputs["pipelined"] == outputs["switched"], f"after run {n + 1}"
     final = outputs["pipelined"]
     assert final["alerts"] and final["late_events"] and final["state:history"] and final["state:true"]
     # The timers purged the first batches' keys: only the last two batches' payees are left.
