@@ -14,7 +14,7 @@ import pytest
 from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.cli import jobs, kafka_cli
 from rulewatch.cli.main import build_parser, main
-from rulewatch.spark.storage.lakehouse import Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
+from rulewatch.spark.storage.lakehouse import HOLDER_ENV, Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
 from rulewatch.spark.evaluator.settings import GoldSettings
 
 
@@ -94,6 +94,7 @@ def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
         with pytest.raises(LakehouseBusy):
             with exclusive(lakehouse):
                 pass
+        assert os.environ[HOLDER_ENV] == str(os.getpid())  # the kernels it starts write under its hold
         ran.append(task.key)
         return None, None
 
@@ -108,6 +109,7 @@ def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
     assert f"rulewatch: lakehouse {lakehouse.root} is in use by pid {os.getpid()}" in err and "Traceback" not in err
 
     assert main(job_run) == 0
+    assert HOLDER_ENV not in os.environ
     assert ran == ["setup", "bronze", "silver", "gold"]
     with exclusive(lakehouse):  # released when the job ends
         pass
@@ -455,3 +457,38 @@ def test_bench_rounds_without_the_pipeline_is_refused_before_starting_spark(tmp_
     code, err = cli(["bench", "--rounds", "2"], capsys)
     assert (code, err) == (2, "rulewatch: bench --rounds repeats the whole job: give --pipeline with it\n")
     assert list(tmp_path.iterdir()) == []
+
+
+# A process that holds a lakehouse until its stdin closes, saying so first.
+_HOLDER = (
+    "import sys\nfrom rulewatch.spark.storage.lakehouse import Lakehouse, exclusive\n"
+    "with exclusive(Lakehouse(sys.argv[1]), 'rulewatch run'):\n    print('held', flush=True)\n    sys.stdin.read()\n"
+)
+# A layer's run in a process of its own: whether it may write the lakehouse.
+_LAYER = "import sys\nfrom rulewatch.spark.storage.lakehouse import Lakehouse, holding\nwith holding(Lakehouse(sys.argv[1]), 'bronze run'):\n    print('ran')\n"
+
+
+@pytest.mark.subprocess
+def test_a_notebooks_layer_run_and_a_command_never_write_one_lakehouse_at_once(tmp_path):
+    from rulewatch.spark.layers.pipeline import run_bronze, run_gold
+    from rulewatch.spark.live.streams import stream
+    from rulewatch.spark.storage.lakehouse import HOLDER_ENV
+
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    env = {k: v for k, v in os.environ.items() if k != HOLDER_ENV}
+    with subprocess.Popen([sys.executable, "-c", _HOLDER, lakehouse.root], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout.readline() == "held\n"
+        # Refused before anything is read or written (no session needed to get that far).
+        for layer_run in (lambda: run_bronze(None, lakehouse, str(tmp_path)), lambda: run_gold(None, lakehouse), lambda: stream(None, lakehouse, str(tmp_path))):
+            with pytest.raises(LakehouseBusy, match=f"in use by pid {holder.pid} \\(rulewatch run\\)"):
+                layer_run()
+        holder.stdin.close()
+    # A command started while a notebook's layer runs is refused the same way.
+    with exclusive(lakehouse, "bronze run"):
+        result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env=env, capture_output=True, text=True)
+        assert result.returncode == 1 and f"is in use by pid {os.getpid()} (bronze run)" in result.stderr
+        # A task of the `rulewatch job run` holding it runs under its hold; a holder named wrongly gives no pass.
+        result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env={**env, HOLDER_ENV: str(os.getpid())}, capture_output=True, text=True)
+        assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+        result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env={**env, HOLDER_ENV: "1"}, capture_output=True, text=True)
+        assert result.returncode == 1 and "LakehouseBusy" in result.stderr

@@ -13,7 +13,7 @@ import pytest
 from pyspark.util import disable_gc
 
 from rulewatch.spark.storage import delta_log
-from rulewatch.spark.storage.delta_log import batch_metadata, committed_batches, newest_committed_batch, sink_batches
+from rulewatch.spark.storage.delta_log import batch_metadata, batch_told_by_commits, committed_batches, newest_committed_batch, sink_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive, held_here
 from rulewatch.spark.storage.metrics import metrics_sink
 from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, beside, history_batches, per_run, sink_name, together
@@ -218,3 +218,24 @@ def test_in_a_lakehouse_this_process_holds_a_replay_is_told_by_the_commits_witho
         assert not _commits(_log(spark, table))[-1][1]
         append_once(spark.range(1), table, sink, 7)  # and a replay of it skipped
     assert read(spark, table).count() == 3 + 1 + 1 + 1
+
+
+def test_the_commit_files_tell_a_sinks_batch_only_from_a_whole_run_of_versions_or_a_commit_naming_it(tmp_path):
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+
+    def commit(version: int, sink: str | None = None, batch: int = 0) -> None:
+        info = {"commitInfo": {"operation": "WRITE", **({"userMetadata": batch_metadata(sink, batch)} if sink else {})}}
+        (log / f"{version:020d}.json").write_text(json.dumps(info) + "\n")
+
+    table = str(log.parent)
+    commit(0)
+    commit(1, "rulewatch.test.u", 4)
+    assert batch_told_by_commits(table, "rulewatch.test.t") == -1  # every version read: none names it
+    commit(3, "rulewatch.test.u", 5)  # version 2's file is missing: it might have named the sink
+    assert batch_told_by_commits(table, "rulewatch.test.t") is None
+    commit(2, "rulewatch.test.t", 7)
+    assert batch_told_by_commits(table, "rulewatch.test.t") == 7
+    (log / f"{0:020d}.json").unlink()  # log cleanup: a sink named among the commits left still answers
+    assert batch_told_by_commits(table, "rulewatch.test.t") == 7
+    assert batch_told_by_commits(table, "rulewatch.test.v") is None

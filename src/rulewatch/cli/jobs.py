@@ -16,14 +16,15 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from rulewatch.bundle import DEFAULT_JOB
 from rulewatch.bundle.config import BundleError, Identity, load_config
-from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
+from rulewatch.spark.storage.lakehouse import HOLDER_ENV, Lakehouse, exclusive
 from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.runtime.env import repository_root
 from rulewatch.spark.present.widgets import widget_env
@@ -420,6 +421,21 @@ def run_job_locally(
     return outcome
 
 
+@contextmanager
+def _named_holder() -> Iterator[None]:
+    """The kernels started meanwhile inherit this process as their lakehouse's holder (``lakehouse.HOLDER_ENV``):
+    their notebooks' layers run under its hold, where any other process's are refused."""
+    before = os.environ.get(HOLDER_ENV)
+    os.environ[HOLDER_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HOLDER_ENV, None)
+        else:
+            os.environ[HOLDER_ENV] = before
+
+
 def cmd_job_run(args: argparse.Namespace) -> int:
     if args.target != "local":
         print(
@@ -449,7 +465,7 @@ def cmd_job_run(args: argparse.Namespace) -> int:
         overrides.update({k: os.path.abspath(v) if v else v for k, v in given.items() if v is not None})
         overrides.update(dict(args.param))
         # The same lock as `rulewatch run` and live mode: the tasks write the same checkpoints.
-        with exclusive(Lakehouse(args.lakehouse), f"rulewatch job run {job.key}"):
+        with exclusive(Lakehouse(args.lakehouse), f"rulewatch job run {job.key}"), _named_holder():
             results = run_job_locally(job.key, overrides, root=bundle.root, variables=dict(args.var))
     except JobRunFailed as err:
         print(f"rulewatch: {err}", file=sys.stderr)

@@ -29,7 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from rulewatch.spark.storage import schema, tables
-from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.engine.rules import Rule, RuleError, RuleSetError, RuleState, format_duration, load_rules_file, parse_rule
 from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, per_run
 
@@ -479,7 +479,8 @@ def start_rule_history(
 
 def run_rule_history(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Bring ``gold/rule_history`` up to date with every commit so far, then return."""
-    finish_rule_history(start_rule_history(spark, lakehouse, available_now=True))
+    with holding(lakehouse, "rule history run"):
+        finish_rule_history(start_rule_history(spark, lakehouse, available_now=True))
 
 
 def finish_rule_history(query: StreamingQuery) -> None:

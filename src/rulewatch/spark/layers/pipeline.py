@@ -116,30 +116,33 @@ def run_bronze(
         # Read and reconciled as one absolute folder: the file source logs absolute paths, and the JVM
         # would take a relative one against its own working directory, not this process's.
         source = os.path.abspath(source)
-    ensure_bronze_table(spark, lakehouse)
-    check_queries(lakehouse, "bronze", spark=spark)
-    check_source(lakehouse, source)
-    started = time.time()
-    if isinstance(source, KafkaSource):
-        _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log, kafka=source)
-        return None
-    _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log)
-    report = audit(spark, lakehouse, source, "bronze", started)
-    for problem in report.problems:
-        log(f"bronze: NOT INGESTED: {problem}")
-    return report
+    with holding(lakehouse, "bronze run"):  # as every layer's run: one writer at a time (lakehouse.exclusive)
+        ensure_bronze_table(spark, lakehouse)
+        check_queries(lakehouse, "bronze", spark=spark)
+        check_source(lakehouse, source)
+        started = time.time()
+        if isinstance(source, KafkaSource):
+            _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log, kafka=source)
+            return None
+        _run(start_bronze(spark, source, lakehouse, recorder=recorder), "bronze", log)
+        report = audit(spark, lakehouse, source, "bronze", started)
+        for problem in report.problems:
+            log(f"bronze: NOT INGESTED: {problem}")
+        return report
 
 
 def run_silver(spark: SparkSession, lakehouse: Lakehouse, log: Log = print, recorder: Recorder | None = None) -> None:
-    check_queries(lakehouse, "silver", spark=spark)
-    _run(start_silver(spark, lakehouse, recorder=recorder), "silver", log)
+    with holding(lakehouse, "silver run"):
+        check_queries(lakehouse, "silver", spark=spark)
+        _run(start_silver(spark, lakehouse, recorder=recorder), "silver", log)
 
 
 def run_gold(
     spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings = GoldSettings(), log: Log = print, recorder: Recorder | None = None
 ) -> None:
-    check_queries(lakehouse, "gold", spark=spark)
-    _run(start_gold(spark, lakehouse, settings, recorder=recorder), "gold", log)
+    with holding(lakehouse, "gold run"):
+        check_queries(lakehouse, "gold", spark=spark)
+        _run(start_gold(spark, lakehouse, settings, recorder=recorder), "gold", log)
 
 
 NO_RULES_WARNING = (
@@ -363,7 +366,7 @@ def run_all(
     rules = checked_rules_file(rules_file) if rules_file else None  # a bad file stops the run before anything starts
     # The lakehouse held for the run, as `rulewatch run` holds it (already held there): a second run fails
     # fast, and the run's first appends skip Delta's concurrent-writer guard (sinks.replay_check).
-    with holding(lakehouse, "run_all"):
+    with holding(lakehouse, "rulewatch run"):
         # Every table first: the MERGE tags its commit through a session setting (rules_table._merge), which
         # a table created or altered beside it would take as well (appends name their batch themselves).
         ensure_all_tables(spark, lakehouse)

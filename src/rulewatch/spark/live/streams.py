@@ -22,7 +22,7 @@ from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, start_
 from rulewatch.spark.layers.ingest import start_ingest
 from rulewatch.kafka.health import Watch
 from rulewatch.kafka.source import KafkaSource
-from rulewatch.spark.storage.lakehouse import Lakehouse
+from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.spark.storage.metrics import Recorder, flush_pending
 from rulewatch.spark.runtime.session import is_connect, session_confs
 from rulewatch.spark.live.monitor import LAYERS, AlertFeed, Log, Monitor, _monitor, _show, follow
@@ -89,6 +89,13 @@ def stream(
     starts and ends, a stream whose cluster is not answering has not drained, and
     ``monitor.source_outage`` says how long the cluster was gone.
     """
+    with holding(lakehouse, "rulewatch stream"):  # a notebook's streams hold the lakehouse as the command's do
+        return _streamed(spark, lakehouse, source, settings, duration, log, drain)
+
+
+def _streamed(
+    spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings, duration: float | None, log: Log, drain: bool
+) -> Monitor:
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
     monitor.queries, monitor.feed = streams.queries, streams.feed

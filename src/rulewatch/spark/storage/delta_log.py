@@ -179,7 +179,8 @@ def batch_told_by_commits(table: str, sink: str) -> int | None:
     version 0 was read (past ``HISTORY_DEPTH``, or removed by log cleanup), so older ones might."""
     log = Path(table, "_delta_log")
     commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
-    whole = bool(commits) and int(commits[-1].stem) == 0 and len(commits) <= HISTORY_DEPTH
+    # Whole: every version from 0 to the newest has its commit file, and all of them are read below.
+    whole = bool(commits) and int(commits[-1].stem) == 0 and int(commits[0].stem) == len(commits) - 1 and len(commits) <= HISTORY_DEPTH
     for commit in commits[:HISTORY_DEPTH]:
         try:
             lines = commit.read_text(encoding="utf-8").splitlines()

@@ -169,6 +169,13 @@ def _locked(handle: IO[str]) -> bool:
 # The local lakehouses this process holds (``exclusive``): until it lets go, no other process writes there.
 _HELD: set[str] = set()
 
+# Databricks' shared mounts: an OS lock there reaches no other host (the job's max_concurrent_runs guards there).
+_SHARED_MOUNTS = ("/Volumes/", "/dbfs/", "/Workspace/")
+
+# `rulewatch job run` holds its lakehouse while the notebooks of its tasks write it from kernels it
+# starts: it names itself to them here, so that their layers run under its hold instead of being refused.
+HOLDER_ENV = "RULEWATCH_LAKEHOUSE_HOLDER"
+
 
 @contextmanager
 def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
@@ -178,7 +185,7 @@ def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
     for ``rules apply`` (:func:`lock_holder`). A local lakehouse only (an OS file lock); on Databricks
     the job's ``max_concurrent_runs: 1`` plays this part.
     """
-    if "://" in lakehouse.root:
+    if "://" in lakehouse.root or lakehouse.root.startswith(_SHARED_MOUNTS):
         yield
         return
     with _open_lock(lakehouse) as handle:
@@ -203,18 +210,24 @@ def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
 
 @contextmanager
 def holding(lakehouse: Lakehouse, command: str) -> Iterator[None]:
-    """``exclusive``, unless this process holds the lakehouse already (a command around a library call)."""
-    if lakehouse.root in _HELD:
+    """``exclusive``, unless the lakehouse is held already: by this process (a command around a library
+    call) or by the ``rulewatch job run`` whose task this process runs (``HOLDER_ENV``)."""
+    if lakehouse.root in _HELD or _held_by_job_run(lakehouse):
         yield
     else:
         with exclusive(lakehouse, command):
             yield
 
 
+def _held_by_job_run(lakehouse: Lakehouse) -> bool:
+    pid = os.environ.get(HOLDER_ENV)
+    return bool(pid) and (lock_holder(lakehouse) or "").startswith(f"pid {pid} ")
+
+
 def held_here(table: str) -> bool:
     """Whether the path table lies in a local lakehouse this process holds: then no other process
     commits to it meanwhile (sinks.py leaves out Delta's concurrent-writer guard there)."""
-    return os.path.isabs(table) and any(os.path.commonpath([root, table]) == root for root in _HELD)
+    return os.path.isabs(table) and any(os.path.commonpath([root, table]) == root for root in tuple(_HELD))
 
 
 def lock_holder(lakehouse: Lakehouse) -> str | None:
