@@ -465,7 +465,10 @@ _HOLDER = (
     "with exclusive(Lakehouse(sys.argv[1]), 'rulewatch run'):\n    print('held', flush=True)\n    sys.stdin.read()\n"
 )
 # A layer's run in a process of its own: whether it may write the lakehouse.
-_LAYER = "import sys\nfrom rulewatch.spark.storage.lakehouse import Lakehouse, holding\nwith holding(Lakehouse(sys.argv[1]), 'bronze run'):\n    print('ran')\n"
+_LAYER = (
+    "import sys\nfrom rulewatch.spark.storage.lakehouse import Lakehouse, held_here, holding\n"
+    "with holding(Lakehouse(sys.argv[1]), 'bronze run'):\n    print('ran', held_here(sys.argv[1] + '/gold/alerts'))\n"
+)
 
 
 @pytest.mark.subprocess
@@ -487,8 +490,9 @@ def test_a_notebooks_layer_run_and_a_command_never_write_one_lakehouse_at_once(t
     with exclusive(lakehouse, "bronze run"):
         result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env=env, capture_output=True, text=True)
         assert result.returncode == 1 and f"is in use by pid {os.getpid()} (bronze run)" in result.stderr
-        # A task of the `rulewatch job run` holding it runs under its hold; a holder named wrongly gives no pass.
+        # A task of the `rulewatch job run` holding it runs under its hold, as the only writer; a holder named
+        # wrongly gives no pass.
         result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env={**env, HOLDER_ENV: str(os.getpid())}, capture_output=True, text=True)
-        assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+        assert (result.returncode, result.stdout) == (0, "ran True\n"), result.stderr
         result = subprocess.run([sys.executable, "-c", _LAYER, lakehouse.root], env={**env, HOLDER_ENV: "1"}, capture_output=True, text=True)
         assert result.returncode == 1 and "LakehouseBusy" in result.stderr

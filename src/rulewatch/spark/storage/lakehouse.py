@@ -166,7 +166,8 @@ def _locked(handle: IO[str]) -> bool:
     return False
 
 
-# The local lakehouses this process holds (``exclusive``): until it lets go, no other process writes there.
+# The local lakehouses this process holds (``exclusive``, or a task of the job run holding it): until it
+# lets go, no other process writes there.
 _HELD: set[str] = set()
 
 # Databricks' shared mounts: an OS lock there reaches no other host (the job's max_concurrent_runs guards there).
@@ -212,8 +213,14 @@ def exclusive(lakehouse: Lakehouse, command: str = "") -> Iterator[None]:
 def holding(lakehouse: Lakehouse, command: str) -> Iterator[None]:
     """``exclusive``, unless the lakehouse is held already: by this process (a command around a library
     call) or by the ``rulewatch job run`` whose task this process runs (``HOLDER_ENV``)."""
-    if lakehouse.root in _HELD or _held_by_job_run(lakehouse):
+    if lakehouse.root in _HELD:
         yield
+    elif _held_by_job_run(lakehouse):
+        _HELD.add(lakehouse.root)  # the job runs its tasks one at a time, and refuses every other writer
+        try:
+            yield
+        finally:
+            _HELD.discard(lakehouse.root)
     else:
         with exclusive(lakehouse, command):
             yield
