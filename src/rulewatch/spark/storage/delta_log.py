@@ -132,30 +132,39 @@ def whole_history_is_appends(table: str) -> bool:
     return not removed and sum(kind == "metaData" for kind, _ in found) <= 1
 
 
-def _commit_metadata(log: Path) -> Iterator[tuple[str, int]]:
-    """The (sink, batch) in the ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits, newest first."""
+def _newest_commits(log: Path) -> tuple[list[Path], bool]:
+    """The newest ``HISTORY_DEPTH`` commit files, newest first, and whether they are the whole log: every
+    version from 0 to the newest has its file, and none is left out."""
     commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
-    for commit in commits[:HISTORY_DEPTH]:
-        try:
-            lines = commit.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            continue  # removed by Delta's log cleanup since the listing: older than its retention
-        for line in lines:
-            if line.startswith('{"commitInfo"'):
-                yield from sink_batches(json.loads(line)["commitInfo"].get("userMetadata"))
+    whole = bool(commits) and int(commits[-1].stem) == 0 and int(commits[0].stem) == len(commits) - 1 and len(commits) <= HISTORY_DEPTH
+    return commits[:HISTORY_DEPTH], whole
+
+
+def _named_in(commit: Path) -> list[tuple[str, int]] | None:
+    """The (sink, batch) pairs a commit names, in its ``userMetadata`` and its ``txn`` actions; None when
+    the file is gone (removed by Delta's log cleanup since the listing: older than its retention)."""
+    try:
+        lines = commit.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    return [
+        *(pair for line in lines if line.startswith('{"commitInfo"') for pair in sink_batches(json.loads(line)["commitInfo"].get("userMetadata"))),
+        *((txn["appId"], txn["version"]) for line in lines if line.startswith('{"txn"') for txn in [json.loads(line)["txn"]]),
+    ]
 
 
 def committed_batches(table: str, app_id_prefix: str) -> dict[str, int]:
     """``{sink: newest batch}`` for the idempotent writers of ``table`` whose name starts with the prefix.
 
-    From Delta's ``txn`` records (which only a run's first batch writes, sinks.py) and the
+    From Delta's ``txn`` records (which a run's first batch may write, sinks.replay_check) and the
     ``userMetadata`` of the newest ``HISTORY_DEPTH`` commits (which every append writes).
     """
     log = Path(table, "_delta_log")
     if not log.is_dir():
         return {}
     txns = ((txn["appId"], txn["version"]) for _, txn in actions(log, ("txn",)))
-    return newest_per_sink(chain(txns, _commit_metadata(log)), app_id_prefix)
+    named = (pair for commit in _newest_commits(log)[0] for pair in _named_in(commit) or ())
+    return newest_per_sink(chain(txns, named), app_id_prefix)
 
 
 def newest_committed_batch(table: str, sink: str) -> int:
@@ -177,20 +186,12 @@ def batch_told_by_commits(table: str, sink: str) -> int | None:
     it, newest first: the first commit naming the sink (in its ``userMetadata`` or a ``txn`` action)
     answers. None when they cannot tell: no commit read names the sink, and not every commit since
     version 0 was read (past ``HISTORY_DEPTH``, or removed by log cleanup), so older ones might."""
-    log = Path(table, "_delta_log")
-    commits = sorted((p for p in log.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem), reverse=True)
-    # Whole: every version from 0 to the newest has its commit file, and all of them are read below.
-    whole = bool(commits) and int(commits[-1].stem) == 0 and int(commits[0].stem) == len(commits) - 1 and len(commits) <= HISTORY_DEPTH
-    for commit in commits[:HISTORY_DEPTH]:
-        try:
-            lines = commit.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            whole = False  # removed by Delta's log cleanup since the listing
+    commits, whole = _newest_commits(Path(table, "_delta_log"))
+    for commit in commits:
+        named = _named_in(commit)
+        if named is None:
+            whole = False
             continue
-        named = [
-            *(pair for line in lines if line.startswith('{"commitInfo"') for pair in sink_batches(json.loads(line)["commitInfo"].get("userMetadata"))),
-            *((txn["appId"], txn["version"]) for line in lines if line.startswith('{"txn"') for txn in [json.loads(line)["txn"]]),
-        ]
         batches = [batch for found, batch in named if found == sink]
         if batches:
             return max(batches)
