@@ -32,17 +32,10 @@ demo: setup
 
 # The three set-ups side by side (each mostly one core: pip, the class archive's JVM, apt): ~130 s against
 # ~196 s one after the other on a fresh clone with warm caches (docs/testing.md).
-# The Spark 4.0 leg runs beside the main suite, whose JVMs leave ~30 % of the two cores idle
-# (docs/testing.md); its output is kept in a file and shown once the main suite has ended. Either
-# failing fails the target; an interrupted main suite stops the leg too.
 test:
 	$(MAKE) --no-print-directory -j3 setup setup-spark40 browser
-	@$(MAKE) --no-print-directory test-spark40 > $(VENV40)/last-test.log 2>&1 & leg=$$!; \
-	trap 'kill $$leg 2>/dev/null' INT TERM; \
-	$(BIN)/pytest -q; main=$$?; \
-	echo "waiting for the Spark 4.0 leg (pid $$leg)"; wait $$leg; spark40=$$?; \
-	echo "== the Spark 4.0 leg (make test-spark40), beside the main suite:"; cat $(VENV40)/last-test.log; \
-	test $$main = 0 && test $$spark40 = 0
+	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory test-spark40
 
 # The inner loop: every test that needs no JVM, kernel, process of its own, broker or browser (engine, rules,
 # bundle, views' SQL text, CLI parsing, remote), in well under a minute. Pure Python, so two workers use both
