@@ -3,6 +3,10 @@ append happens once per (sink, batch), checked only where a run can repeat a bat
 
 import gc
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -16,7 +20,7 @@ from rulewatch.spark.storage import delta_log
 from rulewatch.spark.storage.delta_log import batch_metadata, batch_told_by_commits, committed_batches, newest_committed_batch, sink_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive, held_here
 from rulewatch.spark.storage.metrics import metrics_sink
-from rulewatch.spark.storage.sinks import HISTORY_SINK, append_once, beside, history_batches, per_run, sink_name, together
+from rulewatch.spark.storage.sinks import CRASH_AT_ENV, HISTORY_SINK, append_once, beside, history_batches, per_run, sink_name, together
 from rulewatch.spark.storage.tables import ensure_table, read
 
 
@@ -28,6 +32,26 @@ def test_sink_names_stay_what_existing_tables_and_the_crash_tests_name():
     assert sink_name("silver") == "rulewatch.silver."  # the prefix checkpoints.py checks a query's tables by
     assert metrics_sink("gold") == "rulewatch.metrics.gold"
     assert HISTORY_SINK == "rulewatch.gold.rule_history"
+
+
+def test_a_crash_point_may_name_the_table_where_one_sink_writes_two():
+    # Live ingest's bronze and silver appends share one sink name and run at once: only the table tells them apart.
+    script = (
+        "from rulewatch.spark.storage.sinks import crash_point\n"
+        "for table in ['/l/bronze/transactions', '/l/silver/transactions/', '/l/silver/quarantine']:\n"
+        "    crash_point('rulewatch.ingest.transactions', 0, 'after', table)\n"
+        "    print('passed', table, flush=True)\n"
+    )
+    def run(point: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, CRASH_AT_ENV: point}
+        return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+    named = run("rulewatch.ingest.transactions@silver/transactions:0:after")
+    assert named.returncode == -signal.SIGKILL and named.stdout.split("\n")[:-1] == ["passed /l/bronze/transactions"], named
+    unnamed = run("rulewatch.ingest.transactions:0:after")  # the first write of the sink, whichever table
+    assert unnamed.returncode == -signal.SIGKILL and unnamed.stdout == "", unnamed
+    other_batch = run("rulewatch.ingest.transactions@silver/transactions:1:after")
+    assert other_batch.returncode == 0 and other_batch.stdout.count("passed") == 3, other_batch
 
 
 def test_a_commit_names_its_own_batch_and_the_others_it_holds():

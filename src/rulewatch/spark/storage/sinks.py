@@ -36,6 +36,8 @@ T = TypeVar("T")
 # "rulewatch.gold.alerts:1:after", SIGKILLs this process at that point of that write (metrics.py
 # adds "kept": a batch's metrics rows kept in a file for a later commit). A kill is the
 # harshest failure (no finally, no shutdown hook), so surviving it covers every softer one.
+# "<sink>@<folder>/<table>:<batch>:<moment>" names one table where a sink writes two: live ingest's
+# bronze and silver appends are both "rulewatch.ingest.transactions", and run at once.
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
 
@@ -50,8 +52,14 @@ def sink_name(writer: str, name: str = "") -> str:
 HISTORY_SINK = sink_name("gold", "rule_history")
 
 
-def crash_point(sink: str, batch_id: int, moment: str) -> None:
-    if os.environ.get(CRASH_AT_ENV) == f"{sink}:{batch_id}:{moment}":
+def crash_point(sink: str, batch_id: int, moment: str, table: str | None = None) -> None:
+    wanted = os.environ.get(CRASH_AT_ENV)
+    if not wanted:
+        return
+    points = {f"{sink}:{batch_id}:{moment}"}
+    if table is not None:
+        points.add(f"{sink}@{'/'.join(table.rstrip('/').split('/')[-2:])}:{batch_id}:{moment}")
+    if wanted in points:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -109,7 +117,7 @@ def append_once(
     ``also`` (``{sink: batch}``) names other sinks' batches ``df`` holds too; the caller has checked
     that none of them committed. Only ``sink`` gets Delta's ``txn`` record.
     """
-    crash_point(sink, batch_id, "before")
+    crash_point(sink, batch_id, "before", table)
     appended = False
     if rows != 0:
         writer = df.write.format("delta").mode("append").option("userMetadata", batch_metadata(sink, batch_id, also))
@@ -121,7 +129,7 @@ def append_once(
             if newest < batch_id:
                 tables.save(writer.option("txnAppId", sink).option("txnVersion", batch_id) if guarded else writer, table)
                 appended = True
-    crash_point(sink, batch_id, "after")
+    crash_point(sink, batch_id, "after", table)
     return appended
 
 
