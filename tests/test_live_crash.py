@@ -2,7 +2,7 @@
 
 The same generated lines as test_crash.py, from a landing folder or a Kafka topic, through the live
 queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
-batch (silver committed, quarantine, duplicates and metrics not), inside a gold batch (from Kafka
+batch (silver committed, the metrics row not; bronze, quarantine and duplicates maybe), inside a gold batch (from Kafka
 after its alerts were published and appended; from files after its metrics row was kept in a file
 for a later commit), and at a random moment; the last attempt runs until drained. Alerts must
 equal the job's over the same lines, each once; every line must be in bronze once and in exactly

@@ -38,7 +38,7 @@ def test_a_crash_point_may_name_the_table_where_one_sink_writes_two():
     # Live ingest's bronze and silver appends share one sink name and run at once: only the table tells them apart.
     script = (
         "from rulewatch.spark.storage.sinks import crash_point\n"
-        "for table in ['/l/bronze/transactions', '/l/silver/transactions/', '/l/silver/quarantine']:\n"
+        "for table in ['/l/bronze/transactions', '/l/silver/quarantine', '/l/silver/transactions/']:\n"
         "    crash_point('rulewatch.ingest.transactions', 0, 'after', table)\n"
         "    print('passed', table, flush=True)\n"
     )
@@ -47,7 +47,7 @@ def test_a_crash_point_may_name_the_table_where_one_sink_writes_two():
         return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
 
     named = run("rulewatch.ingest.transactions@silver/transactions:0:after")
-    assert named.returncode == -signal.SIGKILL and named.stdout.split("\n")[:-1] == ["passed /l/bronze/transactions"], named
+    assert named.returncode == -signal.SIGKILL and named.stdout.split("\n")[:-1] == ["passed /l/bronze/transactions", "passed /l/silver/quarantine"], named
     unnamed = run("rulewatch.ingest.transactions:0:after")  # the first write of the sink, whichever table
     assert unnamed.returncode == -signal.SIGKILL and unnamed.stdout == "", unnamed
     other_batch = run("rulewatch.ingest.transactions@silver/transactions:1:after")

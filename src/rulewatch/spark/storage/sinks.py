@@ -36,8 +36,8 @@ T = TypeVar("T")
 # "rulewatch.gold.alerts:1:after", SIGKILLs this process at that point of that write (metrics.py
 # adds "kept": a batch's metrics rows kept in a file for a later commit). A kill is the
 # harshest failure (no finally, no shutdown hook), so surviving it covers every softer one.
-# "<sink>@<folder>/<table>:<batch>:<moment>" names one table where a sink writes two: live ingest's
-# bronze and silver appends are both "rulewatch.ingest.transactions", and run at once.
+# "<sink>@<folder>/<table>:<batch>:<moment>" names one path table where a sink writes two: live
+# ingest's bronze and silver appends are both "rulewatch.ingest.transactions", and run at once.
 CRASH_AT_ENV = "RULEWATCH_CRASH_AT"
 
 
