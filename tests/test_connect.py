@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,23 +24,54 @@ from test_crash import metrics_commits
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess]
 
 
-@pytest.mark.slow
-def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expected_alerts):
+# One process, one local Connect server: a `rulewatch run` over the fixtures, then the live demo on another
+# lakehouse (as a notebook calls one command after another). Each prints a marker first, on both streams.
+_RUN_THEN_DEMO = (
+    "import json, sys\n"
+    "from rulewatch.cli.main import main\n"
+    "codes = []\n"
+    "for name, argv in json.loads(sys.argv[1]).items():\n"
+    "    print(f'@@{name}@@', flush=True); print(f'@@{name}@@', file=sys.stderr, flush=True)\n"
+    "    codes.append(main(argv))\n"
+    "print('@@codes@@', *codes, flush=True)\n"
+)
+
+
+@dataclass
+class Connected:
+    run: tuple[str, str]  # the run's stdout and stderr
+    demo: tuple[str, str]
+    codes: list[int]
+    stderr: str  # the whole process's
+    lakehouse: Lakehouse  # the run's
+
+
+@pytest.fixture(scope="module")
+def connected(tmp_path_factory) -> Connected:
+    root = tmp_path_factory.mktemp("connect")
+    run = ["run", "--lakehouse", str(root / "run"), "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]
+    demo = ["demo", "--lakehouse", str(root / "demo"), "--minutes", "0.17", "--rate", "40", "--pattern-every", "1"]
     env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
-    result = subprocess.run(
-        [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lakehouse"),
-         "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert result.returncode == 0, why_it_failed(result.stderr)
-    assert "bronze = silver + quarantined + duplicates: ok" in result.stdout
+    result = subprocess.run([sys.executable, "-c", _RUN_THEN_DEMO, json.dumps({"run": run, "demo": demo})], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert result.returncode == 0 and "@@codes@@" in result.stdout, why_it_failed(result.stderr)
+    out, err = (stream.split("@@demo@@") for stream in (result.stdout, result.stderr))
+    codes = [int(code) for code in out[1].split("@@codes@@")[1].split()]
+    return Connected((out[0], err[0]), (out[1], err[1]), codes, result.stderr, Lakehouse(str(root / "run")))
+
+
+@pytest.mark.slow
+def test_run_under_spark_connect_gives_the_fixture_alerts(spark, connected, expected_alerts):
+    out, err = connected.run
+    assert connected.codes[0] == 0, why_it_failed(err)
+    assert "bronze = silver + quarantined + duplicates: ok" in out
     per_rule = Counter(a["rule_id"] for a in expected_alerts)
     for rule_id, count in per_rule.items():
-        assert f"rule {rule_id}: {count} alert(s)" in result.stdout
-    assert "Failed to set spark" not in result.stderr
+        assert f"rule {rule_id}: {count} alert(s)" in out
+    assert "Failed to set spark" not in connected.stderr
     # The layers' metrics rows, kept in files by the server's copies of the recorders, reached the
     # table in the run's one commit, and no file is left.
-    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    lakehouse = connected.lakehouse
     layers = Counter(r.layer for r in spark.read.format("delta").load(lakehouse.pipeline_metrics).collect())
     assert layers == {"bronze": 1, "silver": 1, "gold": 1}
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
@@ -46,20 +79,13 @@ def test_run_under_spark_connect_gives_the_fixture_alerts(spark, tmp_path, expec
 
 
 @pytest.mark.slow
-def test_live_demo_under_spark_connect_catches_every_pattern(tmp_path):
+def test_live_demo_under_spark_connect_catches_every_pattern(connected):
     # Live mode's monitor reads the queries' progress reports (under Connect their numInputRows
     # item is None) and gold's alerts from the tables (foreachBatch runs in the server's Python);
     # the demo's rule edit reads the rules table, which under Connect must not need Delta Connect.
     # (Under Connect, a lakehouse without a rules table: test_another_thread_..., on its server.)
-    env = {**os.environ, "RULEWATCH_REMOTE": "local[2]"}
-    lakehouse = str(tmp_path / "lakehouse")
-    result = subprocess.run(
-        [sys.executable, "-m", "rulewatch.cli.main", "demo", "--lakehouse", lakehouse,
-         "--minutes", "0.17", "--rate", "40", "--pattern-every", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert result.returncode == 0, why_it_failed(result.stderr)
-    out = result.stdout
+    out, err = connected.demo
+    assert connected.codes[1] == 0, why_it_failed(err)
     assert "streams caught up" in out and "false positives: 0 alert(s)" in out, out[-3000:]
     scores = re.findall(r"rule \d+: injected (\d+), caught (\d+), missed (\d+)", out)
     assert len(scores) == 4 and all(int(injected) > 0 and caught == injected and missed == "0" for injected, caught, missed in scores), out[-3000:]

@@ -7,6 +7,7 @@ first run bound the lakehouse to that topic.
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -18,7 +19,7 @@ import pytest
 from rulewatch.cli.main import main
 from rulewatch.kafka import broker
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
-from rulewatch.kafka.health import Watch
+from rulewatch.kafka.health import TIMEOUT_ENV, Watch
 from rulewatch.kafka.produce import send_all
 
 
@@ -66,11 +67,16 @@ def test_a_mistyped_topic_is_refused_and_binds_nothing(kafka_broker, tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(spark, tmp_path, capsys, stream_ends_when):
-    """A broker of its own, stopped for ~15 s once the stream has ingested its first records, then started
-    again; the stream ends once it has said so and bronze holds every record."""
+def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(spark, tmp_path, capsys, stream_ends_when, monkeypatch):
+    """A broker of its own, stopped for ~6 s once the stream has ingested its first records, then started
+    again; the stream ends once it has said so and bronze holds every record. The watch probes every second
+    and gives up on a probe after 3 s (5 s and 10 s by default), so a short outage is seen."""
+    from rulewatch.spark.live import streams
     from rulewatch.spark.storage import delta_log
     from rulewatch.spark.storage.lakehouse import Lakehouse
+
+    monkeypatch.setattr(streams, "Watch", functools.partial(streams.Watch, every=1.0))
+    monkeypatch.setenv(TIMEOUT_ENV, "3s")
 
     folder = tmp_path / "kafka"
     first = broker.start(folder)
@@ -85,7 +91,7 @@ def test_a_stream_whose_broker_goes_away_warns_says_when_it_is_back_and_exits_1(
         while not Path(lakehouse.bronze_transactions, "_delta_log", "00000000000000000001.json").exists() and time.monotonic() < deadline:
             time.sleep(0.5)  # until the first records are in bronze (commit 0 creates the table)
         broker.stop(folder)
-        time.sleep(15)
+        time.sleep(6)
         broker.start(folder)
         send_all(topic, lines[10:])
 
