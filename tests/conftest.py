@@ -80,6 +80,38 @@ def spark():
             os.environ["RULEWATCH_JAVA_OPTIONS"] = started_commands
 
 
+@pytest.fixture(scope="session")
+def notebook_kernel():
+    """One Jupyter kernel for the suite's notebook and local job runs (tests/test_notebooks.py,
+    test_job_local.py, test_explore_notebook.py, the Kafka bronze notebook): each notebook starts with
+    an empty namespace, its own widget values and working directory, as a job's tasks do in the kernel
+    a local job run starts; the kernel's JVM is started once instead of once per test (~20 s each). A
+    test whose subject is a kernel's start or its environment (the lakehouse holder it inherits) starts
+    its own."""
+    from rulewatch.cli.jobs import SharedKernel
+
+    with SharedKernel(ROOT) as shared:
+        yield shared
+
+
+@pytest.fixture
+def job_kernel(notebook_kernel, monkeypatch):
+    """``run_job_locally`` on this repository's bundle runs its tasks in ``notebook_kernel``."""
+    from rulewatch.cli import jobs
+
+    class Borrowed:
+        def __init__(self, cwd) -> None:
+            assert Path(cwd).resolve() == ROOT, f"a job of another bundle ({cwd}) needs a kernel of its own"
+
+        def __enter__(self):
+            return notebook_kernel
+
+        def __exit__(self, *_) -> None:
+            pass
+
+    monkeypatch.setattr(jobs, "SharedKernel", Borrowed)
+
+
 def bronze_frame(spark, lines: list[str], source: str = "f.jsonl", ingest_time=None):
     """Lines as bronze rows (valid UTF-8, numbered in order), for silver tests without a landing folder."""
     from rulewatch.spark.storage.schema import BRONZE

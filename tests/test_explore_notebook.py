@@ -1,26 +1,21 @@
-"""The explore notebook executed for real in a fresh kernel against the fixture pipeline run."""
+"""The explore notebook executed for real in the suite's kernel against the fixture pipeline run."""
 
 from __future__ import annotations
-
-import os
 
 import nbformat
 import pytest
 
 from conftest import ROOT, cell_text
-from rulewatch.cli.jobs import notebook_client
-from rulewatch.spark.present.widgets import widget_env
 
 NOTEBOOK = ROOT / "notebooks" / "04_explore.ipynb"
 
 
 @pytest.mark.jvm
 @pytest.mark.notebook
-def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixture_run):
+def test_explore_picks_the_top_key_and_shows_its_alerts_window_and_history(fixture_run, notebook_kernel):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RULEWATCH_WIDGET_")}
-    env.update(widget_env({"lakehouse": fixture_run.lakehouse.root, "rule_id": "2", "key": "", "show_identifiers": "true"}))
-    notebook_client(nb, timeout=600, kernel_name="python3").execute(env=env, cwd=str(ROOT))
+    widgets = {"lakehouse": fixture_run.lakehouse.root, "rule_id": "2", "key": "", "show_identifiers": "true"}
+    notebook_kernel.run(nb, widgets, timeout=600, cwd=ROOT)
 
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]

@@ -21,7 +21,7 @@ from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT
 @pytest.mark.jvm
 @pytest.mark.notebook
 @pytest.mark.slow
-def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, capfd):
+def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, job_kernel):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []
     results = run_job_locally(
@@ -40,8 +40,6 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
         "[3/4] silver ... ok (Ns)",
         "[4/4] gold ... ok (Ns)",
     ]
-    # The kernels talk over private Unix sockets: ipykernel's warning about unencrypted TCP is not printed.
-    assert "without encryption" not in capfd.readouterr().err
     gold_text = "".join(out.get("text", "") for cell in results[-1].notebook.cells if cell.cell_type == "code" for out in cell.outputs)
     assert "bronze = silver + quarantined + duplicates: ok" in gold_text
 
@@ -56,7 +54,7 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
 @pytest.mark.jvm
 @pytest.mark.notebook
 @pytest.mark.slow
-def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path):
+def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run, tmp_path, job_kernel):
     # The streams stop once everything landed has gone through (drain), within the duration.
     lakehouse, landing = tmp_path / "lakehouse", tmp_path / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)
@@ -147,11 +145,14 @@ def failing_bundle(tmp_path) -> Path:
 
 
 @pytest.mark.notebook
-def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, tmp_path):
+def test_a_failing_task_skips_its_dependants_and_names_the_task(failing_bundle, tmp_path, capfd):
     out = tmp_path / "out"
     lines: list[str] = []
     with pytest.raises(JobRunFailed) as failure:
         run_job_locally(None, {"lakehouse": str(out)}, log=lines.append, root=failing_bundle, variables={"greeting": "hi"})
+    # The job run started its kernel, which talks over private Unix sockets: ipykernel's warning about
+    # unencrypted TCP is not printed.
+    assert "without encryption" not in capfd.readouterr().err
 
     assert "task boom failed: ValueError: boom at hi" in str(failure.value)
     assert [(r.task_key, r.status) for r in failure.value.results] == [

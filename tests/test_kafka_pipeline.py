@@ -18,7 +18,6 @@ import pytest
 from pyspark.sql import functions as F
 
 from conftest import FIXTURES, ROOT, consume_all
-from rulewatch.cli.jobs import SharedKernel
 from rulewatch.spark.layers.gold import GoldSettings
 from rulewatch.kafka.alerts import records
 from rulewatch.kafka.client import KafkaTopic, ensure_topic, spark_options
@@ -216,7 +215,7 @@ def test_starting_offsets_latest_skips_the_records_already_on_the_topic(spark, k
 
 
 @pytest.mark.notebook
-def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it(spark, kafka_broker, tmp_path):
+def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it(spark, kafka_broker, tmp_path, notebook_kernel):
     import nbformat
 
     values = [f'{{"transactionId": "capped-{i}"}}' for i in range(7)]
@@ -224,8 +223,7 @@ def test_the_bronze_notebook_passes_kafka_max_offsets_and_each_batch_keeps_to_it
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     widgets = {"lakehouse": lakehouse.root, "kafka_bootstrap": kafka_broker, "kafka_topic": topic.topic, "kafka_max_offsets": "3"}
     notebook = nbformat.read(ROOT / "notebooks" / "01_bronze.ipynb", as_version=4)
-    with SharedKernel(ROOT) as kernel:
-        kernel.run(notebook, widgets, timeout=600)
+    notebook_kernel.run(notebook, widgets, timeout=600)
 
     batches = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'bronze'").orderBy("batch_id")
     assert [r.rows_in for r in batches.collect()] == [3, 3, 1]

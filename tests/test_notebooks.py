@@ -13,7 +13,6 @@ import nbformat
 import pytest
 
 from conftest import ROOT, cell_text
-from rulewatch.cli.jobs import SharedKernel
 from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
 from rulewatch.spark.runtime.env import repository_root
 from rulewatch.spark.present.widgets import int_widget, resolve_path
@@ -35,12 +34,11 @@ def _checkout(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """One kernel for the module's notebook runs: each starts with an empty namespace, its own widget
-    values and working directory (as a user's Jupyter sets them); the JVM is started once."""
-    with SharedKernel(ROOT) as shared:
-        yield shared
+@pytest.fixture
+def kernel(notebook_kernel):
+    """The suite's kernel (conftest): each notebook run starts with an empty namespace, its own widget
+    values and working directory, as a user's Jupyter sets them."""
+    return notebook_kernel
 
 
 def _run(kernel: SharedKernel, notebook: Path, widgets: dict[str, str] | None = None) -> list:
