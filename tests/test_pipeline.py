@@ -14,7 +14,7 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, IntegerType, LongType, StringType, StructField, StructType
 
-from conftest import FIXTURES, run_fixture_pipeline
+from conftest import FIXTURES
 from rulewatch.engine.rules import RuleSetError, parse_rule
 from rulewatch.spark.storage import schema
 from rulewatch.spark.storage.checkpoints import delta_version_read
@@ -161,12 +161,19 @@ def test_a_bad_rules_file_stops_the_run_before_anything_is_ingested(spark, tmp_p
     assert not Path(lakehouse.root).exists()
 
 
-def test_rerun_continues_from_checkpoints(spark, tmp_path):
-    """A second run only processes new files: new alerts appear, nothing is re-emitted or lost."""
-    from rulewatch.spark.layers.pipeline import run_all
+@pytest.fixture
+def landed_later(fixture_run):
+    """A file to land in the session's fixture run's landing folder; removed again after the test."""
+    path = fixture_run.landing / "day2.jsonl"
+    yield path
+    path.unlink(missing_ok=True)
 
-    run = run_fixture_pipeline(spark, tmp_path)
-    lakehouse = run.lakehouse
+
+def test_rerun_continues_from_checkpoints(spark, fixture_run, landed_later, tmp_path):
+    """A second run only processes new files: new alerts appear, nothing is re-emitted or lost."""
+    # On a copy of the session's run, reading its landing folder (a lakehouse ingests one folder, by path).
+    shutil.copytree(fixture_run.lakehouse.root, tmp_path / "lakehouse")
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     before = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}
     # Five distinct IPs logging into a new account within 3 minutes fire rule 3 once, on the fifth;
     # a repeat of an old transaction id is a duplicate; an event far behind the watermark
@@ -181,8 +188,8 @@ def test_rerun_continues_from_checkpoints(spark, tmp_path):
         {"transactionId": "pay-old-1", "eventTime": "2026-11-01T10:00:00Z", "payeeId": "payee-A",
          "beneficiaryId": "ben-1", "paymentAmount": 5000, "paymentType": "CSH"},
     ]  # fmt: skip
-    (run.landing / "day2.jsonl").write_text("\n".join(json.dumps(x) for x in new_lines) + "\n")
-    _, summary = run_all(spark, lakehouse, str(run.landing), log=lambda _: None)
+    landed_later.write_text("\n".join(json.dumps(x) for x in new_lines) + "\n")
+    _, summary = run_all(spark, lakehouse, str(fixture_run.landing), log=lambda _: None)
     assert (summary.bronze, summary.silver, summary.duplicates) == (57, 48, 3)
     assert summary.active_rules == 3  # fixtures/rules.json: three ACTIVE, one paused
     after = spark.read.format("delta").load(lakehouse.alerts)
@@ -330,36 +337,59 @@ def test_a_table_whose_rows_the_files_alone_do_not_give_is_left_to_spark(spark, 
     assert live_files(str(tmp_path / "nothing")) is None
 
 
-def test_a_rules_change_during_a_run_leaves_the_summary_counting_what_gold_evaluated_with(spark, tmp_path, monkeypatch):
-    """A change committed before gold starts is evaluated with; one committed while gold runs is not, even
-    by its later batches (availableNow: the rules as they were when it started), and the summary says so."""
+def _run_changing_rule_3_after_gold_batch_0(spark, tmp_path, monkeypatch, change: dict, also: list[dict] = (), log=None):
+    """The fixtures run with one silver file per gold batch (so gold runs batches after the change's
+    commit); right after gold's batch 0 commits, rule 3 (the only rule keyed by userId) gets ``change``,
+    in one rules commit with ``also``. Returns the lakehouse, the landing folder and the run's summary."""
     from rulewatch.spark.layers import gold
-    from rulewatch.spark.layers.gold import GoldSettings
 
-    rules = {r["ruleId"]: r for r in json.loads((FIXTURES / "rules.json").read_text())}
     landing = tmp_path / "landing"
     shutil.copytree(FIXTURES / "transactions", landing)
+    rule = next(r for r in json.loads((FIXTURES / "rules.json").read_text()) if r["ruleId"] == 3)
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
-
-    def set_state(rule_id: int, state: str) -> None:
-        apply_rules(spark, lakehouse, [parse_rule({**rules[rule_id], "ruleState": state})])
-
-    def before_gold(line: str) -> None:  # the run's log: called as each layer ends
-        if line.startswith("silver: done"):
-            set_state(1, "PAUSE")
-
     write_batch = gold.write_batch
 
     def write_then_change(out, batch_id: int, **kwargs) -> None:
         write_batch(out, batch_id, **kwargs)
         if batch_id == 0:
-            set_state(4, "ACTIVE")
+            apply_rules(spark, lakehouse, [parse_rule(r) for r in [*also, {**rule, **change}]])
 
     monkeypatch.setattr(gold, "write_batch", write_then_change)
-    # One silver file per batch: gold runs batches after the change's commit.
     settings = GoldSettings(max_files_per_trigger=1)
-    _, summary = run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), settings, log=before_gold)
-    # Versions: 0 the table created, 1 the rules file, 2 rule 1 paused, 3 rule 4 (paused in the file) active.
+    _, summary = run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), settings, log=log or (lambda _: None))
+    monkeypatch.undo()
+    return lakehouse, landing, summary
+
+
+def _rule_3_fired_as_if_nothing_changed(spark, lakehouse: Lakehouse, expected_alerts) -> None:
+    # Rule 3 fires as in the hand-checked fixture run, every alert from a batch after the change. (One silver
+    # file per batch makes some of rule 1's events late, so the other rules' alerts differ from that run.)
+    rule_3 = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 3")
+    assert sorted((r.group_key, r.transaction_id) for r in rule_3.collect()) == sorted(
+        (a["group_key"], a["transaction_id"]) for a in expected_alerts if a["rule_id"] == 3
+    )
+    assert rule_3.count() == 3 and rule_3.where("gold_batch_id = 0").count() == 0
+
+
+def _keysets_held(spark, lakehouse: Lakehouse) -> set[str]:
+    return {r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect()}
+
+
+def test_rules_changed_before_and_during_a_run_the_summary_and_the_deleted_rule(spark, tmp_path, monkeypatch, expected_alerts):
+    """A change committed before gold starts is evaluated with; one committed while gold runs is not, even
+    by its later batches (availableNow: the rules as they were when it started), and the summary says so.
+    The change during the run deletes rule 3 and activates rule 4: gold still routes events to the keys the
+    rules it started with read, so rule 3 fires exactly as if nothing changed, and the change applies next run."""
+    rules = {r["ruleId"]: r for r in json.loads((FIXTURES / "rules.json").read_text())}
+
+    def before_gold(line: str) -> None:  # the run's log: called as each layer ends
+        if line.startswith("silver: done"):
+            apply_rules(spark, Lakehouse(str(tmp_path / "lakehouse")), [parse_rule({**rules[1], "ruleState": "PAUSE"})])
+
+    lakehouse, landing, summary = _run_changing_rule_3_after_gold_batch_0(
+        spark, tmp_path, monkeypatch, {"ruleState": "DELETE"}, also=[{**rules[4], "ruleState": "ACTIVE"}], log=before_gold
+    )
+    # Versions: 0 the table created, 1 the rules file, 2 rule 1 paused, 3 rule 4 (paused in the file) active and rule 3 deleted.
     gold_rows = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'").collect()
     assert len(gold_rows) > 1 and {r.rules_version for r in gold_rows} == {2}
     assert (summary.rules_version, summary.rules_current, summary.active_rules) == (2, 3, 2)
@@ -369,11 +399,14 @@ def test_a_rules_change_during_a_run_leaves_the_summary_counting_what_gold_evalu
         "  config/rules changed after gold read it: this run evaluated with version 2, version 3 is current "
         "and applies from the next run"
     ) in summary.lines()
-    assert spark.read.format("delta").load(lakehouse.rules).where("ruleState = 'ACTIVE'").count() == 3
+    assert {r.ruleId for r in spark.read.format("delta").load(lakehouse.rules).where("ruleState = 'ACTIVE'").collect()} == {2, 4}
+    _rule_3_fired_as_if_nothing_changed(spark, lakehouse, expected_alerts)
+    assert _keysets_held(spark, lakehouse) == {"payeeId,beneficiaryId", "payeeId", "userId"}  # the evaluator never saw the change
 
-    _, next_run = run_all(spark, lakehouse, str(landing), settings=settings, log=lambda _: None)
-    assert (next_run.rules_version, next_run.rules_current, next_run.active_rules) == (3, 3, 3)
+    _, next_run = run_all(spark, lakehouse, str(landing), settings=GoldSettings(max_files_per_trigger=1), log=lambda _: None)
+    assert (next_run.rules_version, next_run.rules_current, next_run.active_rules) == (3, 3, 2)
     assert not next_run.rules_changed
+    assert _keysets_held(spark, lakehouse) == {"payeeId,beneficiaryId", "payeeId"}  # the change reached the evaluator: userId is routed no more
 
 
 def test_the_rules_version_a_query_read_comes_from_its_newest_committed_batch(tmp_path):
@@ -413,41 +446,15 @@ def test_the_summary_names_the_rules_version_gold_evaluated_with_and_a_newer_one
 
 
 
-@pytest.mark.parametrize("change", [{"ruleState": "DELETE"}, {"groupingKeyNames": ["ip"]}], ids=["deleted", "regrouped"])
-def test_a_rule_changed_during_a_run_keeps_seeing_events_while_gold_still_evaluates_it(spark, tmp_path, monkeypatch, expected_alerts, change):
+def test_a_rule_regrouped_during_a_run_keeps_seeing_events_while_gold_still_evaluates_it(spark, tmp_path, monkeypatch, expected_alerts):
     """A run's gold evaluates the rules as they were when it started, in every batch; events must be routed to
-    the keys those rules read, not to the table's newest version's: rule 3 (the only rule keyed by userId),
-    deleted or regrouped while gold runs, fires exactly as if nothing changed, and the change applies next run."""
-    from rulewatch.spark.layers import gold
-
-    landing = tmp_path / "landing"
-    shutil.copytree(FIXTURES / "transactions", landing)
-    rule = next(r for r in json.loads((FIXTURES / "rules.json").read_text()) if r["ruleId"] == 3)
-    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
-    write_batch = gold.write_batch
-
-    def write_then_change(out, batch_id: int, **kwargs) -> None:
-        write_batch(out, batch_id, **kwargs)
-        if batch_id == 0:
-            apply_rules(spark, lakehouse, [parse_rule({**rule, **change})])
-
-    monkeypatch.setattr(gold, "write_batch", write_then_change)
-    run_all(spark, lakehouse, str(landing), str(FIXTURES / "rules.json"), GoldSettings(max_files_per_trigger=1), log=lambda _: None)
-    # Rule 3 fires as in the hand-checked fixture run, every alert from a batch after the change. (One silver
-    # file per batch makes some of rule 1's events late, so the other rules' alerts differ from that run.)
-    rule_3 = spark.read.format("delta").load(lakehouse.alerts).where("rule_id = 3")
-    assert sorted((r.group_key, r.transaction_id) for r in rule_3.collect()) == sorted(
-        (a["group_key"], a["transaction_id"]) for a in expected_alerts if a["rule_id"] == 3
-    )
-    assert rule_3.count() == 3 and rule_3.where("gold_batch_id = 0").count() == 0
-
-    def held() -> set[str]:
-        return {r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect()}
-
-    assert held() == {"payeeId,beneficiaryId", "payeeId", "userId"}  # the evaluator never saw the change
-    monkeypatch.undo()
+    the keys those rules read, not to the table's newest version's: rule 3, regrouped by ip while gold runs,
+    fires exactly as if nothing changed, and the change applies next run. (Deleted: the test above.)"""
+    lakehouse, landing, _ = _run_changing_rule_3_after_gold_batch_0(spark, tmp_path, monkeypatch, {"groupingKeyNames": ["ip"]})
+    _rule_3_fired_as_if_nothing_changed(spark, lakehouse, expected_alerts)
+    assert _keysets_held(spark, lakehouse) == {"payeeId,beneficiaryId", "payeeId", "userId"}  # the evaluator never saw the change
     run_all(spark, lakehouse, str(landing), log=lambda _: None)  # the change reaches the evaluator: userId is routed no more
-    assert held() == {"payeeId,beneficiaryId", "payeeId", *change.get("groupingKeyNames", [])}
+    assert _keysets_held(spark, lakehouse) == {"payeeId,beneficiaryId", "payeeId", "ip"}
 
 
 @pytest.mark.jvm
