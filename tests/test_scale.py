@@ -7,12 +7,14 @@ URL or nothing answers there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +22,11 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.cli.main import main
 from rulewatch.spark.runtime.env import MASTER_ENV
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from test_crash import RULES, run_cli
+from test_crash import RULES
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -122,34 +124,84 @@ def _alert_ids(spark, lakehouse: Lakehouse) -> list[str]:
     return sorted(r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).select("alert_id").collect())
 
 
-def _ran_tasks_on_both_workers(cluster: Cluster, before: set[Path]) -> None:
-    """Each worker's executor of the application started since ``before`` finished tasks."""
-    for work in cluster.workers:
-        logs = [log for app in work.glob("app-*") if app not in before for log in app.glob("*/stderr")]
-        assert any("Finished task" in log.read_text(errors="replace") for log in logs), f"no task ran on {work.name}"
+def _finished_tasks(workers: list[Path], before: set[Path]) -> dict[str, int]:
+    """Tasks each worker's executors of the applications started since ``before`` finished, by their logs."""
+    return {
+        work.name: sum(log.read_text(errors="replace").count("Finished task") for app in work.glob("app-*") if app not in before
+                       for log in app.glob("*/stderr"))
+        for work in workers
+    }  # fmt: skip
 
 
 def _applications(cluster: Cluster) -> set[Path]:
     return {app for work in cluster.workers for app in work.glob("app-*")}
 
 
-@pytest.mark.subprocess
-@pytest.mark.slow
-def test_the_job_on_a_standalone_cluster_raises_the_local_runs_alerts(spark, cluster, fixture_run, tmp_path):
-    lakehouse, before = Lakehouse(str(tmp_path / "lakehouse")), _applications(cluster)
-    landing = FIXTURES / "transactions"
-    assert run_cli(["run", "--master", cluster.url, "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", RULES]) == 0
-    assert _alert_ids(spark, lakehouse) == _alert_ids(spark, fixture_run.lakehouse) != []
-    _ran_tasks_on_both_workers(cluster, before)
+# One driver, as a notebook calls one command after another: the job over the fixtures, then the live path
+# over a copy of them into another lakehouse. Between them, once the executors' logs (which reach their files
+# through the workers) have stopped growing for 2 s, the tasks each worker finished so far.
+_JOB_THEN_STREAM = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_scale import _finished_tasks
+from rulewatch.cli.main import main
+
+given = json.loads(sys.argv[1])
+workers, before = [Path(w) for w in given["workers"]], {Path(a) for a in given["before"]}
+codes = [main(given["job"])]
+counts, steady = _finished_tasks(workers, before), time.monotonic()
+while time.monotonic() - steady < 2:
+    time.sleep(0.25)
+    if (now := _finished_tasks(workers, before)) != counts:
+        counts, steady = now, time.monotonic()
+print("@@after-job@@", json.dumps(counts), flush=True)
+codes.append(main(given["stream"]))
+print("@@codes@@", json.dumps(codes), flush=True)
+"""
+
+
+@dataclass
+class OnCluster:
+    job: Lakehouse
+    live: Lakehouse
+    codes: list[int]
+    after_job: dict[str, int]  # tasks finished per worker when the job had ended
+    after_both: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def on_cluster(cluster, tmp_path_factory) -> OnCluster:
+    root = tmp_path_factory.mktemp("on-cluster")
+    job, live, before = Lakehouse(str(root / "job")), Lakehouse(str(root / "live")), _applications(cluster)
+    shutil.copytree(FIXTURES / "transactions", root / "landing")
+    given = {
+        "workers": [str(w) for w in cluster.workers], "before": [str(a) for a in before],
+        "job": ["run", "--master", cluster.url, "--lakehouse", job.root, "--landing", str(FIXTURES / "transactions"), "--rules", RULES],
+        "stream": ["stream", "--master", cluster.url, "--lakehouse", live.root, "--landing", str(root / "landing"), "--rules", RULES,
+                   "--drain", "--duration", "300"],
+    }  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _JOB_THEN_STREAM, json.dumps(given), str(Path(__file__).parent)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert done.returncode == 0 and "@@codes@@" in done.stdout, why_it_failed(done.stderr)
+    after_job = json.loads(done.stdout.split("@@after-job@@")[1].splitlines()[0])
+    codes = json.loads(done.stdout.split("@@codes@@")[1].splitlines()[0])
+    time.sleep(2)  # the last of the executors' lines reach their files
+    return OnCluster(job, live, codes, after_job, _finished_tasks(cluster.workers, before))
 
 
 @pytest.mark.subprocess
 @pytest.mark.slow
-def test_the_live_path_on_a_standalone_cluster_raises_the_local_runs_alerts(spark, cluster, fixture_run, tmp_path):
-    lakehouse, before = Lakehouse(str(tmp_path / "lakehouse")), _applications(cluster)
-    landing = tmp_path / "landing"
-    shutil.copytree(FIXTURES / "transactions", landing)
-    arguments = ["stream", "--master", cluster.url, "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", RULES]
-    assert run_cli([*arguments, "--drain", "--duration", "300"]) == 0
-    assert _alert_ids(spark, lakehouse) == _alert_ids(spark, fixture_run.lakehouse) != []
-    _ran_tasks_on_both_workers(cluster, before)
+def test_the_job_on_a_standalone_cluster_raises_the_local_runs_alerts(spark, on_cluster, fixture_run):
+    assert on_cluster.codes[0] == 0
+    assert _alert_ids(spark, on_cluster.job) == _alert_ids(spark, fixture_run.lakehouse) != []
+    assert all(on_cluster.after_job.values()), f"a worker ran none of the job's tasks: {on_cluster.after_job}"
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_the_live_path_on_a_standalone_cluster_raises_the_local_runs_alerts(spark, on_cluster, fixture_run):
+    assert on_cluster.codes[1] == 0
+    assert _alert_ids(spark, on_cluster.live) == _alert_ids(spark, fixture_run.lakehouse) != []
+    ran = {work: on_cluster.after_both[work] - on_cluster.after_job[work] for work in on_cluster.after_job}
+    assert all(count > 0 for count in ran.values()), f"a worker ran none of the live path's tasks: {ran}"
