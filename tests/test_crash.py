@@ -94,35 +94,41 @@ def _reap(group: int) -> None:
     raise AssertionError(f"process group {group} survived SIGKILL")
 
 
-def run_cli(args: list[str], crash_at: str | None = None, kill_after: float | None = None, timeout: float = 600) -> int:
-    """``python -m rulewatch.cli.main ARGS`` in its own process group; its exit code (-9 when killed)."""
-    env = {k: v for k, v in os.environ.items() if k != CRASH_AT_ENV}
+def run_cli(
+    args: list[str], crash_at: str | None = None, kill_after: float | None = None, timeout: float = 600, output: list[str] | None = None
+) -> int:
+    """``python -m rulewatch.cli.main ARGS`` in its own process group; its exit code (-9 when killed).
+    Its stdout and stderr, as the user's terminal would show them, are appended to ``output``."""
+    env = {k: v for k, v in os.environ.items() if k not in (CRASH_AT_ENV, "RULEWATCH_JVM_OUTPUT")}
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
     process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli.main", *args], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        output, _ = process.communicate(timeout=kill_after or timeout)
+        printed, _ = process.communicate(timeout=kill_after or timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
+        printed, _ = process.communicate()
     _reap(process.pid)
+    if output is not None:
+        output.append(printed.decode())
     if process.returncode not in (0, -signal.SIGKILL):
         # Spark appends whole query plans to its errors; the lines naming an error are what matter.
-        errors = [line[:400] for line in output.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
+        errors = [line[:400] for line in printed.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
         raise AssertionError(f"{args[0]} {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
     return process.returncode
 
 
 def attempt(
-    lakehouse: Lakehouse, source: list[str], crash_at: str | None = None, kill_after: float | None = None, extra: list[str] = ()
+    lakehouse: Lakehouse, source: list[str], crash_at: str | None = None, kill_after: float | None = None, extra: list[str] = (),
+    output: list[str] | None = None,
 ) -> int:
     """One ``rulewatch run`` over ``source`` (its options); returns its exit code (-9 when killed)."""
-    return run_cli(["run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra], crash_at, kill_after)
+    return run_cli(["run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra], crash_at, kill_after, output=output)
 
 
-def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None) -> int:
-    return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after)
+def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None, output: list[str] | None = None) -> int:
+    return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after, output=output)
 
 
 def finish(lakehouse: Lakehouse, source: list[str], extra: list[str] = ()) -> int:
@@ -152,6 +158,7 @@ class Crashed:
     reference: Lakehouse
     landed_lines: int
     kills: list[str]
+    printed: str  # what the attempt killed after its metrics commit printed: every layer ran, gold included
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +201,15 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     # Every layer ran a batch: their metrics rows are appended in one commit at the run's end, named
     # by bronze's batch; the kill comes after it commits, before the kept files are removed.
     point = f"rulewatch.metrics.bronze:{last_planned_batch(lakehouse.checkpoint('bronze')) + 1}:after"
-    assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
+    printed: list[str] = []
+    assert _attempt(lakehouse, landing, crash_at=point, output=printed) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)
     # Killed in that one commit's wake: it names every layer, and each layer's kept file is still there.
     assert metrics_commits(lakehouse)[-1] == {"rulewatch.metrics.bronze", "rulewatch.metrics.silver", "rulewatch.metrics.gold"}
     assert all(list(Path(lakehouse.checkpoint(layer), PENDING).glob("*.json")) for layer in ("bronze", "silver", "gold"))
     assert finish(lakehouse, ["--landing", str(landing)]) == 0
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
-    return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills)
+    return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills, printed[0])
 
 
 def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
@@ -217,6 +225,18 @@ def test_killed_and_restarted_runs_give_exactly_the_uninterrupted_alerts(spark, 
     assert actual == expected  # no alert missing, none twice
     ids = [r.alert_id for r in spark.read.format("delta").load(crashed.lakehouse.alerts).select("alert_id").collect()]
     assert len(ids) == len(set(ids))
+
+
+def test_a_run_prints_no_python_worker_or_banner_lines(crashed):
+    # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
+    # JVM's stderr at every query start; spark/runtime/session.py filters those lines (and other JVM noise)
+    # out of the user's terminal. (The run this reads was killed only after all its layers had run.)
+    output = crashed.printed
+    assert "gold: done" in output and "silver: done" in output, output[-3000:]
+    assert "TransformWithStateInPandas" not in output and "setLogLevel" not in output
+    # DataSketches' off-heap warning (Java > 11), printed as gold's window metrics first build a sketch
+    assert "restricted mode" not in output
+    assert max(len(line) for line in output.splitlines()) < 300
 
 
 def test_every_landed_line_is_accounted_for_exactly_once(spark, crashed):

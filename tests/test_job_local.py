@@ -240,21 +240,34 @@ def test_unknown_overrides_are_rejected(tmp_path):
         run_job_locally(None, {}, log=lambda _: None, root=root, variables={"nope": "1"})
 
 
-@pytest.mark.jvm
+# A task that writes its lakehouse as the gold notebook does (under `holding`, which the kernel's inherited
+# holder lets through) and ends with the summary's warning, as gold's does when no rule is active
+# (test_notebooks.py: the real gold notebook's warning, found by the same notebook_warnings).
+WARNING_TASK = """\
+from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
+from rulewatch.spark.present.widgets import widget
+from rulewatch.spark.storage.lakehouse import Lakehouse, holding
+with holding(Lakehouse(widget("lakehouse")), "gold run"):
+    print(NO_RULES_WARNING)
+"""
+
+
 @pytest.mark.notebook
-@pytest.mark.slow
-def test_a_job_run_without_an_active_rule_ends_with_the_warning(tmp_path, capsys):
-    """Every task succeeds, yet nothing could alert: the job's output must say so, last."""
+def test_a_job_run_whose_task_warns_ends_with_the_warning(tmp_path, capsys, monkeypatch):
+    """Every task succeeds, yet nothing could alert: the job's output must say so, last. The kernel is
+    started inside the command's hold on the lakehouse, so its task may write there."""
     from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
 
-    paused = [{**json.loads((FIXTURES / "rules.json").read_text())[0], "ruleState": "PAUSE"}]
-    (tmp_path / "rules.json").write_text(json.dumps(paused))
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    shutil.copy(FIXTURES / "transactions" / "day1-a.jsonl", landing)
-    argv = ["job", "run", "--lakehouse", str(tmp_path / "lh"), "--landing", str(landing), "--rules", str(tmp_path / "rules.json")]
-    assert main(argv) == 0
+    root = write_bundle(tmp_path / "bundle", {"tiny": {"parameters": [{"name": "lakehouse", "default": ""}], "tasks": [
+        {"task_key": "first", "notebook_task": {"notebook_path": "../notebooks/first.ipynb"}},
+        {"task_key": "gold", "depends_on": [{"task_key": "first"}],
+         "notebook_task": {"notebook_path": "../notebooks/gold.ipynb", "base_parameters": {"lakehouse": "{{job.parameters.lakehouse}}"}}},
+    ]}})  # fmt: skip
+    _notebook(root / "notebooks" / "first.ipynb", "print('first')")
+    _notebook(root / "notebooks" / "gold.ipynb", WARNING_TASK)
+    monkeypatch.chdir(root)
+    assert main(["job", "run", "--lakehouse", str(tmp_path / "lh")]) == 0
     captured = capsys.readouterr()
     out = [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in captured.out.splitlines()]
-    assert out[-2:] == ["[4/4] gold ... ok (Ns)", f"    {NO_RULES_WARNING}"]
+    assert out[-2:] == ["[2/2] gold ... ok (Ns)", f"    {NO_RULES_WARNING}"]
     assert captured.err.splitlines()[-1] == f"rulewatch: task gold: {NO_RULES_WARNING}"

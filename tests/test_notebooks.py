@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, cell_text
+from rulewatch.cli.jobs import notebook_warnings
 from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
 from rulewatch.spark.runtime.env import repository_root
 from rulewatch.spark.present.widgets import int_widget, resolve_path
@@ -138,6 +139,8 @@ def test_the_gold_notebook_warns_when_no_rule_is_active(spark, kernel, tmp_path)
     ensure_all_tables(spark, Lakehouse(str(root / "empty")))
     gold = _run(kernel, root / "notebooks" / "03_gold.ipynb", {"lakehouse": "empty"})  # relative: the root's empty/
     assert cell_text(gold[3]).startswith(NO_RULES_WARNING)
+    # What a local job run repeats as its last lines (test_job_local: a job run whose task warns).
+    assert notebook_warnings(nbformat.v4.new_notebook(cells=gold)) == (NO_RULES_WARNING,)
     assert "no alert to explain" in cell_text(gold[5])
     assert sorted(p.name for p in (root / "notebooks").iterdir()) == sorted(p.name for p in NOTEBOOKS)
 

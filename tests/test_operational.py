@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, ROOT, why_it_failed
+from conftest import FIXTURES, ROOT
 from rulewatch.cli import jobs, kafka_cli
 from rulewatch.cli.main import build_parser, main
 from rulewatch.spark.storage.lakehouse import HOLDER_ENV, Lakehouse, LakehouseBusy, LakehouseUnwritable, exclusive
@@ -89,6 +89,7 @@ def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # the repository's bundle
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     ran: list[str] = []
+    given: dict[str, dict[str, str]] = {}
 
     def task_checking_the_lock(task, params, cwd):  # instead of a notebook
         with pytest.raises(LakehouseBusy):
@@ -96,10 +97,12 @@ def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
                 pass
         assert os.environ[HOLDER_ENV] == str(os.getpid())  # the kernels it starts write under its hold
         ran.append(task.key)
+        given[task.key] = params
         return None, None
 
     monkeypatch.setattr(jobs, "_execute_notebook", task_checking_the_lock)
-    job_run = ["job", "run", "--target", "local", "--lakehouse", lakehouse.root]
+    landing, rules = tmp_path / "landing", tmp_path / "rules.json"
+    job_run = ["job", "run", "--target", "local", "--lakehouse", lakehouse.root, "--landing", str(landing), "--rules", str(rules)]
     with exclusive(lakehouse):
         started = time.monotonic()
         assert main(job_run) == 2
@@ -111,6 +114,8 @@ def test_a_local_job_run_holds_the_same_lock(tmp_path, monkeypatch, capsys):
     assert main(job_run) == 0
     assert HOLDER_ENV not in os.environ
     assert ran == ["setup", "bronze", "silver", "gold"]
+    # --landing and --rules reach the tasks that read them, not the bundle's defaults (the fixtures).
+    assert (given["setup"]["rules_file"], given["bronze"]["landing"]) == (str(rules), str(landing))
     with exclusive(lakehouse):  # released when the job ends
         pass
 
@@ -424,25 +429,6 @@ def test_bad_kafka_options_are_one_line_before_spark(tmp_path, capsys, monkeypat
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("rulewatch: ") and len(err.strip().splitlines()) == 1
-
-
-@pytest.mark.jvm
-@pytest.mark.subprocess
-@pytest.mark.slow
-def test_a_run_prints_no_python_worker_or_banner_lines(tmp_path):
-    # The stateful operator's Python driver worker prints its UDF and schemas (kilobytes) through the
-    # JVM's stderr at every query start; spark/runtime/session.py filters those lines (and other JVM noise) out of the user's terminal.
-    command = [sys.executable, "-m", "rulewatch.cli.main", "run", "--lakehouse", str(tmp_path / "lh"),
-               "--landing", str(FIXTURES / "transactions"), "--rules", str(FIXTURES / "rules.json")]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RULEWATCH_JVM_OUTPUT"}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, why_it_failed(done.stderr)
-    assert "alerts           10" in done.stdout and "gold: done" in done.stdout
-    output = done.stdout + done.stderr
-    assert "TransformWithStateInPandas" not in output and "setLogLevel" not in output
-    # DataSketches' off-heap warning (Java > 11), printed as gold's window metrics first build a sketch
-    assert "restricted mode" not in output
-    assert max(len(line) for line in output.splitlines()) < 300
 
 
 def test_bench_pipeline_refuses_two_state_layouts_before_starting_spark(tmp_path, capsys, monkeypatch):
