@@ -44,7 +44,7 @@ def test_pipeline_bench_times_a_job_whose_alerts_are_the_oracles_in_each_round(s
 
 
 def test_evaluator_bench_measures_each_layout_once_beside_the_pass_through(spark, capsys):
-    argv = ["bench", "--events", "2000", "--keys", "50", "--batch-events", "500", "--state-slots", "0", "4", "0"]
+    argv = ["bench", "--events", "2000", "--keys", "50", "--batch-events", "1000", "--state-slots", "0", "4", "0"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = re.findall(FIGURES + r"  ratio \d+\.\d\d  state rows written/batch (?P<rows>[\d,]+)", out, re.M)
