@@ -96,18 +96,29 @@ def notebook_kernel():
 
 @pytest.fixture
 def job_kernel(notebook_kernel, monkeypatch):
-    """``run_job_locally`` on this repository's bundle runs its tasks in ``notebook_kernel``."""
+    """``run_job_locally`` on this repository's bundle runs its tasks in ``notebook_kernel``. A job run
+    inside ``rulewatch job run``'s hold on its lakehouse names this process as the holder to the kernels it
+    starts (``jobs._named_holder``, inherited at their start); the lent kernel started earlier, so it is told
+    the holder for the job's length. (That a kernel inherits it: test_job_local's tiny job run.)"""
+    import nbformat
+
     from rulewatch.cli import jobs
+    from rulewatch.spark.storage.lakehouse import HOLDER_ENV
+
+    def name_holder(pid: str | None) -> None:
+        source = f"import os\nos.environ[{HOLDER_ENV!r}] = {pid!r}" if pid else f"import os\nos.environ.pop({HOLDER_ENV!r}, None)"
+        notebook_kernel.run(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), {}, timeout=60)
 
     class Borrowed:
         def __init__(self, cwd) -> None:
             assert Path(cwd).resolve() == ROOT, f"a job of another bundle ({cwd}) needs a kernel of its own"
 
         def __enter__(self):
+            name_holder(os.environ.get(HOLDER_ENV))
             return notebook_kernel
 
         def __exit__(self, *_) -> None:
-            pass
+            name_holder(None)
 
     monkeypatch.setattr(jobs, "SharedKernel", Borrowed)
 

@@ -56,7 +56,7 @@ def connected(tmp_path_factory) -> Connected:
                             capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert result.returncode == 0 and "@@codes@@" in result.stdout, why_it_failed(result.stderr)
     out, err = (stream.split("@@demo@@") for stream in (result.stdout, result.stderr))
-    codes = [int(code) for code in out[1].split("@@codes@@")[1].split()]
+    codes = [int(code) for code in out[1].split("@@codes@@")[1].splitlines()[0].split()]
     return Connected((out[0], err[0]), (out[1], err[1]), codes, result.stderr, Lakehouse(str(root / "run")))
 
 
@@ -64,7 +64,7 @@ def connected(tmp_path_factory) -> Connected:
 def test_run_under_spark_connect_gives_the_fixture_alerts(spark, connected, expected_alerts):
     out, err = connected.run
     assert connected.codes[0] == 0, why_it_failed(err)
-    assert "bronze = silver + quarantined + duplicates: ok" in out
+    assert "bronze = silver + quarantined + duplicates: ok" in out and f"alerts           {len(expected_alerts)}" in out
     per_rule = Counter(a["rule_id"] for a in expected_alerts)
     for rule_id, count in per_rule.items():
         assert f"rule {rule_id}: {count} alert(s)" in out

@@ -98,23 +98,25 @@ def run_cli(
     args: list[str], crash_at: str | None = None, kill_after: float | None = None, timeout: float = 600, output: list[str] | None = None
 ) -> int:
     """``python -m rulewatch.cli.main ARGS`` in its own process group; its exit code (-9 when killed).
-    Its stdout and stderr, as the user's terminal would show them, are appended to ``output``."""
+    Its stdout, then its stderr, as the user's terminal would show them, are appended to ``output``."""
     env = {k: v for k, v in os.environ.items() if k not in (CRASH_AT_ENV, "RULEWATCH_JVM_OUTPUT")}
+    env["PYTHONUNBUFFERED"] = "1"  # what a killed attempt printed before the kill reaches the pipe
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
     process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli.main", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     try:
-        printed, _ = process.communicate(timeout=kill_after or timeout)
+        out, err = process.communicate(timeout=kill_after or timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        printed, _ = process.communicate()
+        out, err = process.communicate()
     _reap(process.pid)
+    printed = out.decode() + err.decode()
     if output is not None:
-        output.append(printed.decode())
+        output.append(printed)
     if process.returncode not in (0, -signal.SIGKILL):
         # Spark appends whole query plans to its errors; the lines naming an error are what matter.
-        errors = [line[:400] for line in printed.decode().splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
+        errors = [line[:400] for line in printed.splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
         raise AssertionError(f"{args[0]} {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
     return process.returncode
 

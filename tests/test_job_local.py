@@ -14,8 +14,10 @@ from chispa import assert_df_equality
 
 from conftest import FIXTURES, ROOT
 from rulewatch.cli.main import main
+from rulewatch.cli import jobs
 from rulewatch.cli.jobs import JobError, JobRunFailed, load_bundle, run_job_locally, task_order, task_parameters
 from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT
+from rulewatch.spark.storage.lakehouse import Lakehouse, exclusive
 
 
 @pytest.mark.jvm
@@ -24,14 +26,16 @@ from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT
 def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_path, job_kernel):
     lakehouse = tmp_path / "lakehouse"
     lines: list[str] = []
-    results = run_job_locally(
-        None,
-        # Another state layout than the CLI run's (8 slots, not 0): the job parameters reach gold, and the alerts do not change.
-        {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json"),
-         "shards": "4", "state_slots": "8"},
-        log=lines.append,
-        root=ROOT,
-    )  # fmt: skip
+    # Under the hold `rulewatch job run` takes: the notebooks' layers write as the holder's tasks.
+    with exclusive(Lakehouse(str(lakehouse)), "rulewatch job run"), jobs._named_holder():
+        results = run_job_locally(
+            None,
+            # Another state layout than the CLI run's (8 slots, not 0): the job parameters reach gold, and the alerts do not change.
+            {"lakehouse": str(lakehouse), "landing": str(FIXTURES / "transactions"), "rules_file": str(FIXTURES / "rules.json"),
+             "shards": "4", "state_slots": "8"},
+            log=lines.append,
+            root=ROOT,
+        )  # fmt: skip
     assert [(r.task_key, r.status) for r in results] == [("setup", "ok"), ("bronze", "ok"), ("silver", "ok"), ("gold", "ok")]
     assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 4, "state_slots": 8, "shard_partitions": 4}
     assert [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in lines[1:]] == [

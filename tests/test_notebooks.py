@@ -42,7 +42,7 @@ def kernel(notebook_kernel):
     return notebook_kernel
 
 
-def _run(kernel: SharedKernel, notebook: Path, widgets: dict[str, str] | None = None) -> list:
+def _run(kernel, notebook: Path, widgets: dict[str, str] | None = None) -> list:
     """Execute like Jupyter opened from the notebook's folder; returns its code cells with outputs."""
     nb = nbformat.read(notebook, as_version=4)
     try:
