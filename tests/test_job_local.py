@@ -262,11 +262,8 @@ def test_a_job_run_whose_task_warns_ends_with_the_warning(tmp_path, capsys, monk
     started inside the command's hold on the lakehouse, so its task may write there."""
     from rulewatch.spark.layers.pipeline import NO_RULES_WARNING
 
-    root = write_bundle(tmp_path / "bundle", {"tiny": {"parameters": [{"name": "lakehouse", "default": ""}], "tasks": [
-        {"task_key": "first", "notebook_task": {"notebook_path": "../notebooks/first.ipynb"}},
-        {"task_key": "gold", "depends_on": [{"task_key": "first"}],
-         "notebook_task": {"notebook_path": "../notebooks/gold.ipynb", "base_parameters": {"lakehouse": "{{job.parameters.lakehouse}}"}}},
-    ]}})  # fmt: skip
+    parameters = [{"name": "lakehouse", "default": ""}, {"name": "greeting", "default": ""}]
+    root = write_bundle(tmp_path / "bundle", _job([_task("first", "first"), _task("gold", "gold", "first")], parameters=parameters))
     _notebook(root / "notebooks" / "first.ipynb", "print('first')")
     _notebook(root / "notebooks" / "gold.ipynb", WARNING_TASK)
     monkeypatch.chdir(root)

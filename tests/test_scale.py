@@ -125,12 +125,22 @@ def _alert_ids(spark, lakehouse: Lakehouse) -> list[str]:
 
 
 def _finished_tasks(workers: list[Path], before: set[Path]) -> dict[str, int]:
-    """Tasks each worker's executors of the applications started since ``before`` finished, by their logs."""
-    return {
-        work.name: sum(log.read_text(errors="replace").count("Finished task") for app in work.glob("app-*") if app not in before
-                       for log in app.glob("*/stderr"))
-        for work in workers
-    }  # fmt: skip
+    """Tasks each worker's executors of the applications started since ``before`` finished, by their logs,
+    once the logs have stopped growing for 2 s (executors' lines reach their files through the workers)."""
+
+    def counted() -> dict[str, int]:
+        return {
+            work.name: sum(log.read_text(errors="replace").count("Finished task") for app in work.glob("app-*") if app not in before
+                           for log in app.glob("*/stderr"))
+            for work in workers
+        }  # fmt: skip
+
+    counts, steady = counted(), time.monotonic()
+    while time.monotonic() - steady < 2:
+        time.sleep(0.25)
+        if (now := counted()) != counts:
+            counts, steady = now, time.monotonic()
+    return counts
 
 
 def _applications(cluster: Cluster) -> set[Path]:
@@ -138,23 +148,17 @@ def _applications(cluster: Cluster) -> set[Path]:
 
 
 # One driver, as a notebook calls one command after another: the job over the fixtures, then the live path
-# over a copy of them into another lakehouse. Between them, once the executors' logs (which reach their files
-# through the workers) have stopped growing for 2 s, the tasks each worker finished so far.
+# over a copy of them into another lakehouse; between them, the tasks each worker finished so far.
 _JOB_THEN_STREAM = """
-import json, sys, time
+import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from test_scale import _finished_tasks
 from rulewatch.cli.main import main
 
 given = json.loads(sys.argv[1])
-workers, before = [Path(w) for w in given["workers"]], {Path(a) for a in given["before"]}
 codes = [main(given["job"])]
-counts, steady = _finished_tasks(workers, before), time.monotonic()
-while time.monotonic() - steady < 2:
-    time.sleep(0.25)
-    if (now := _finished_tasks(workers, before)) != counts:
-        counts, steady = now, time.monotonic()
+counts = _finished_tasks([Path(w) for w in given["workers"]], {Path(a) for a in given["before"]})
 print("@@after-job@@", json.dumps(counts), flush=True)
 codes.append(main(given["stream"]))
 print("@@codes@@", json.dumps(codes), flush=True)
@@ -186,7 +190,6 @@ def on_cluster(cluster, tmp_path_factory) -> OnCluster:
     assert done.returncode == 0 and "@@codes@@" in done.stdout, why_it_failed(done.stderr)
     after_job = json.loads(done.stdout.split("@@after-job@@")[1].splitlines()[0])
     codes = json.loads(done.stdout.split("@@codes@@")[1].splitlines()[0])
-    time.sleep(2)  # the last of the executors' lines reach their files
     return OnCluster(job, live, codes, after_job, _finished_tasks(cluster.workers, before))
 
 
