@@ -156,6 +156,23 @@ def fixture_run(spark, tmp_path_factory) -> PipelineRun:
 
 
 @pytest.fixture(scope="session")
+def uninterrupted(spark, tmp_path_factory):
+    """The batch job over test_crash's three generated files in one run: what every killed and restarted
+    run there and in test_live_crash must equal. Tests only read it."""
+    from test_crash import RULES, _files, _land
+
+    from rulewatch.spark.layers.pipeline import run_all
+    from rulewatch.spark.storage.lakehouse import Lakehouse
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+    for name, lines in _files():
+        _land(root / "landing", name, lines)
+    lakehouse = Lakehouse(str(root / "lakehouse"))
+    run_all(spark, lakehouse, str(root / "landing"), RULES, log=lambda _: None)
+    return lakehouse
+
+
+@pytest.fixture(scope="session")
 def expected_alerts() -> list[dict]:
     return json.loads((FIXTURES / "expected_alerts.json").read_text())
 

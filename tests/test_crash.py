@@ -1,10 +1,11 @@
 """Exactly-once under SIGKILL: a run killed at any point and restarted ends where an uninterrupted run ends.
 
-One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over two landed files. Each
+One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over three landed files. Each
 attempt but the last per file is killed: at fixed points inside the idempotent writes (the
 ``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py; the kill between two gold tables of one
 micro-batch is test_kafka_pipeline's, the same command over the same gold) and once at a random
-wall-clock moment. The result must equal an uninterrupted in-process run over the same files. The
+wall-clock moment. The result must equal an uninterrupted in-process run over the same files
+(conftest's ``uninterrupted``, which test_live_crash's streams must equal too). The
 checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
 """
 
@@ -32,7 +33,7 @@ from rulewatch.spark.storage.checkpoints import CheckpointError, check_queries, 
 from rulewatch.spark.storage.delta_log import committed_batches, sink_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import PENDING
-from rulewatch.spark.layers.pipeline import run_all, run_bronze, run_gold, run_silver, summarize
+from rulewatch.spark.layers.pipeline import run_bronze, run_gold, run_silver, summarize
 from rulewatch.spark.storage.sinks import CRASH_AT_ENV, append_once
 from rulewatch.spark.storage.tables import ensure_table
 
@@ -164,17 +165,9 @@ class Crashed:
 
 
 @pytest.fixture(scope="module")
-def crashed(spark, tmp_path_factory) -> Crashed:
+def crashed(spark, uninterrupted, tmp_path_factory) -> Crashed:
     root = tmp_path_factory.mktemp("crash")
     (part1, lines1), (part2, lines2), (part3, lines3) = _files()
-
-    # The uninterrupted run: all three files in one run. The files follow each other in event time, so how
-    # they are cut into runs and micro-batches changes no decision (gold is exact to the event).
-    reference = Lakehouse(str(root / "reference"))
-    for name, lines in [(part1, lines1), (part2, lines2), (part3, lines3)]:
-        _land(root / "reference-landing", name, lines)
-    run_all(spark, reference, str(root / "reference-landing"), RULES, log=lambda _: None)
-
     lakehouse, landing, kills = Lakehouse(str(root / "lakehouse")), root / "landing", []
     _land(landing, part1, lines1)
     # Gold's first batch killed after its alerts committed (the batch not) is the same `rulewatch run`,
@@ -211,7 +204,7 @@ def crashed(spark, tmp_path_factory) -> Crashed:
     assert all(list(Path(lakehouse.checkpoint(layer), PENDING).glob("*.json")) for layer in ("bronze", "silver", "gold"))
     assert finish(lakehouse, ["--landing", str(landing)]) == 0
     assert not list(Path(lakehouse.root).glob(f"_checkpoints/*/{PENDING}/*.json"))
-    return Crashed(lakehouse, reference, len(lines1) + len(lines2) + len(lines3), kills, printed[0])
+    return Crashed(lakehouse, uninterrupted, len(lines1) + len(lines2) + len(lines3), kills, printed[0])
 
 
 def _alerts(spark, lakehouse: Lakehouse) -> list[tuple]:

@@ -31,7 +31,7 @@ from rulewatch.kafka.client import KafkaTopic, ensure_topic
 from rulewatch.kafka.produce import send_all
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import PENDING
-from rulewatch.spark.layers.pipeline import run_all, summarize
+from rulewatch.spark.layers.pipeline import summarize
 from test_crash import RULES, _alerts, _files, _land, run_cli
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
@@ -47,16 +47,6 @@ def _arguments(lakehouse: Lakehouse, source: list[str], seconds: float) -> list[
 def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: str | None = None, kill_after: float | None = None) -> int:
     """One ``rulewatch stream --drain`` of at most ``seconds``; its exit code (-9 when killed)."""
     return run_cli(_arguments(lakehouse, source, seconds), crash_at, kill_after, timeout=seconds + 300)
-
-
-@pytest.fixture(scope="module")
-def reference(spark, tmp_path_factory) -> tuple[Lakehouse, int]:
-    root = tmp_path_factory.mktemp("live-crash-reference")
-    lakehouse = Lakehouse(str(root / "lakehouse"))
-    for name, lines in _files():
-        _land(root / "landing", name, lines)
-    run_all(spark, lakehouse, str(root / "landing"), RULES, log=lambda _: None)
-    return lakehouse, sum(len(lines) for _, lines in _files())
 
 
 @pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka)])
@@ -75,8 +65,8 @@ def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
     return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic], alerts
 
 
-def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, reference, source, tmp_path):
-    expected_lakehouse, landed = reference
+def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, uninterrupted, source, tmp_path):
+    expected_lakehouse, landed = uninterrupted, sum(len(lines) for _, lines in _files())
     options, alerts_topic = source
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []

@@ -302,7 +302,10 @@ class HeldKeysets:
     def record(self, spark: SparkSession, held: list[str], batch_id: int) -> None:
         table = self.lakehouse.rule_keysets
         if self.known is None:
-            self.known = sorted(r.keyset for r in tables.read(spark, table).select("keyset").collect())
+            # From the files its log names: a Delta read would first run a job over the log (~0.5 s,
+            # the longest step beside the batch's appends), and a new lakehouse's table has no file at all.
+            rows = tables.read_near(spark, table, schema.RULE_KEYSETS)
+            self.known = sorted(r.keyset for r in rows.select("keyset").collect()) if rows is not None else []
         if held == self.known:
             return
         rows = [(keyset, keyset.split(","), batch_id) for keyset in held]

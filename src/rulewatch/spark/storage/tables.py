@@ -58,11 +58,12 @@ def _files_here(table: str) -> list[dict] | None:
 
 
 def read_near(
-    spark: SparkSession, table: str, schema: StructType, column: str, low_ms: int | None = None, high_ms: int | None = None
+    spark: SparkSession, table: str, schema: StructType, column: str | None = None, low_ms: int | None = None, high_ms: int | None = None
 ) -> DataFrame | None:
     """The table's rows, read from the files whose statistics say they may hold a ``column`` (a
-    timestamp) value within [``low_ms``, ``high_ms``] (epoch milliseconds, None: unbounded); None when
-    none may. The caller still filters the rows: a file's statistics only rule it out.
+    timestamp) value within [``low_ms``, ``high_ms``] (epoch milliseconds, None: unbounded), or from all
+    of them without a ``column``; None when none may. The caller still filters the rows: a file's
+    statistics only rule it out.
 
     A path table here is read as plain Parquet (with ``schema``, the table's) from the files its log
     names: a Delta read costs a Spark job over the table's log whenever the table has a new version
@@ -75,7 +76,7 @@ def read_near(
     if files is None:
         return read(spark, table)
     low, high = -(2**63) if low_ms is None else low_ms, 2**63 if high_ms is None else high_ms
-    near = [f["path"] for f in files if may_hold(f, column, low, high)]
+    near = [f["path"] for f in files if column is None or may_hold(f, column, low, high)]
     return spark.read.schema(schema).parquet(*near) if near else None
 
 
