@@ -63,14 +63,25 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
     _archive_owned_by(folder, "other-checkout", home / "other" / "pyspark")
     (folder / "unrecorded.jsa").write_bytes(b"an archive")
 
+    proved: list[tuple[int, subprocess.CompletedProcess[str]]] = []  # (the file's inode, the JVM that mapped it)
+    prove = class_archive.prove
+
+    def recorded(archive: Path, java_options: str, folder: Path) -> subprocess.CompletedProcess[str]:
+        check = prove(archive, java_options, folder)
+        proved.append((archive.stat().st_ino, check))
+        return check
+
+    monkeypatch.setattr(class_archive, "prove", recorded)
     assert class_archive.build(JAVA_OPTIONS, quiet=True) == target
     assert sorted(p.name for p in folder.glob("*.jsa")) == sorted([target.name, "other-checkout.jsa", "unrecorded.jsa"])
     assert sorted(p.name for p in folder.glob("*.owner")) == sorted([target.with_suffix(".owner").name, "other-checkout.owner"])
     for kept in ("other-checkout.jsa", "other-checkout.owner", "unrecorded.jsa"):
         (folder / kept).unlink()
-    # Installed means proven: a JVM that must map it (-Xshare:on) starts and runs a query.
-    check = class_archive.prove(target, JAVA_OPTIONS, home)
+    # Installed means proven: a JVM that had to map it (-Xshare:on) started and ran a query, on the very
+    # file (the same inode) that was then installed. (A JVM of the test's own would start a third JVM.)
+    [(inode, check)] = proved
     assert check.returncode == 0, why_it_failed(check.stderr)
+    assert inode == target.stat().st_ino
 
     # As if the dumping JVM had died mid-write: its first MB is all there is. The real check must refuse it.
     whole = target.read_bytes()
@@ -88,6 +99,7 @@ def test_a_whole_dump_is_installed_and_a_truncated_one_never(home: Path, monkeyp
     monkeypatch.setattr(class_archive, "_submit", dump_cut_short)
     assert class_archive.build(JAVA_OPTIONS, quiet=True) is None
     assert list(target.parent.iterdir()) == []
+    assert len(proved) == 2 and proved[1][1].returncode != 0  # refused by the JVM that had to map it
 
 
 @pytest.mark.parametrize("chosen", ["", "-XX:+UseG1GC", "-XX:+UseSerialGC"])
