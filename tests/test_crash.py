@@ -104,22 +104,28 @@ def run_cli(
     env["PYTHONUNBUFFERED"] = "1"  # what a killed attempt printed before the kill reaches the pipe
     if crash_at:
         env[CRASH_AT_ENV] = crash_at
-    process = subprocess.Popen([sys.executable, "-m", "rulewatch.cli.main", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    code, out, err = run_grouped([sys.executable, "-m", "rulewatch.cli.main", *args], kill_after or timeout, env)
+    printed = out + err
+    if output is not None:
+        output.append(printed)
+    if code not in (0, -signal.SIGKILL):
+        # Spark appends whole query plans to its errors; the lines naming an error are what matter.
+        errors = [line[:400] for line in printed.splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
+        raise AssertionError(f"{args[0]} {crash_at or kill_after} exited {code}:\n" + "\n".join(errors[:20]))
+    return code
+
+
+def run_grouped(command: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``command`` in its own process group, the group killed once ``timeout`` seconds have passed; its exit
+    code (-9 when killed), stdout and stderr. Nothing of the group outlives the call."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        out, err = process.communicate(timeout=kill_after or timeout)
+        out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
     _reap(process.pid)
-    printed = out.decode() + err.decode()
-    if output is not None:
-        output.append(printed)
-    if process.returncode not in (0, -signal.SIGKILL):
-        # Spark appends whole query plans to its errors; the lines naming an error are what matter.
-        errors = [line[:400] for line in printed.splitlines() if re.search(r"Error|Exception|rulewatch:", line)]
-        raise AssertionError(f"{args[0]} {crash_at or kill_after} exited {process.returncode}:\n" + "\n".join(errors[:20]))
-    return process.returncode
+    return process.returncode, out.decode(), err.decode()
 
 
 def attempt(

@@ -22,11 +22,11 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from conftest import FIXTURES, ROOT, why_it_failed
+from conftest import FIXTURES, why_it_failed
 from rulewatch.cli.main import main
 from rulewatch.spark.runtime.env import MASTER_ENV
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from test_crash import RULES
+from test_crash import RULES, run_grouped
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -185,11 +185,11 @@ def on_cluster(cluster, tmp_path_factory) -> OnCluster:
         "stream": ["stream", "--master", cluster.url, "--lakehouse", live.root, "--landing", str(root / "landing"), "--rules", RULES,
                    "--drain", "--duration", "300"],
     }  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", _JOB_THEN_STREAM, json.dumps(given), str(Path(__file__).parent)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
-    assert done.returncode == 0 and "@@codes@@" in done.stdout, why_it_failed(done.stderr)
-    after_job = json.loads(done.stdout.split("@@after-job@@")[1].splitlines()[0])
-    codes = json.loads(done.stdout.split("@@codes@@")[1].splitlines()[0])
+    # In a process group of its own, which is killed whole at the end: the driver's JVM goes with it.
+    code, out, err = run_grouped([sys.executable, "-c", _JOB_THEN_STREAM, json.dumps(given), str(Path(__file__).parent)], 1200)
+    assert code == 0 and "@@codes@@" in out, why_it_failed(err)
+    after_job = json.loads(out.split("@@after-job@@")[1].splitlines()[0])
+    codes = json.loads(out.split("@@codes@@")[1].splitlines()[0])
     return OnCluster(job, live, codes, after_job, _finished_tasks(cluster.workers, before))
 
 
