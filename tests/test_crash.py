@@ -117,15 +117,23 @@ def run_cli(
 
 def run_grouped(command: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """``command`` in its own process group, the group killed once ``timeout`` seconds have passed; its exit
-    code (-9 when killed), stdout and stderr. Nothing of the group outlives the call."""
+    code (-9 when killed then, even if its first process had ended and another held its output open), stdout
+    and stderr. Nothing of the group outlives the call, whatever ends it (Ctrl-C reaches only the tests'
+    process group)."""
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = process.communicate(timeout=timeout)
+        code = process.returncode
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
-    _reap(process.pid)
-    return process.returncode, out.decode(), err.decode()
+        code = -signal.SIGKILL
+    finally:
+        if process.poll() is None:  # an interrupted wait: the leader goes first, a zombie would outlive _reap's wait
+            process.kill()
+            process.wait()
+        _reap(process.pid)
+    return code, out.decode(), err.decode()
 
 
 def attempt(
