@@ -160,14 +160,14 @@ def uninterrupted(spark, tmp_path_factory):
     """The batch job over test_crash's three generated files in one run: what every killed and restarted
     run there and in test_live_crash must equal. The files follow each other in event time, so how they are
     cut into runs and micro-batches changes no decision (gold is exact to the event). Tests only read it."""
-    from test_crash import RULES, _files, _land
+    from processes import RULES, crash_files, land
 
     from rulewatch.spark.layers.pipeline import run_all
     from rulewatch.spark.storage.lakehouse import Lakehouse
 
     root = tmp_path_factory.mktemp("uninterrupted")
-    for name, lines in _files():
-        _land(root / "landing", name, lines)
+    for name, lines in crash_files():
+        land(root / "landing", name, lines)
     lakehouse = Lakehouse(str(root / "lakehouse"))
     run_all(spark, lakehouse, str(root / "landing"), RULES, log=lambda _: None)
     return lakehouse

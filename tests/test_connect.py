@@ -19,7 +19,7 @@ from conftest import FIXTURES, ROOT, why_it_failed
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import PENDING
 from rulewatch.spark.runtime.session import LOCAL_CONNECT_PORT
-from test_crash import metrics_commits
+from processes import metrics_commits
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess]
 

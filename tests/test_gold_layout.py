@@ -16,7 +16,7 @@ from conftest import FIXTURES
 from rulewatch.cli.main import main
 from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from test_crash import RULES
+from processes import RULES
 
 
 def test_a_checkpoint_without_a_committed_batch_takes_the_layout_it_is_given(tmp_path):

@@ -25,7 +25,7 @@ from rulewatch.kafka.produce import TopicWriter, send_all
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.layers.pipeline import run_all, run_bronze
-from test_crash import PROCESSING_COLUMNS, RULES, attempt, finish
+from processes import PROCESSING_COLUMNS, RULES, attempt, finish
 
 pytestmark = [pytest.mark.jvm, pytest.mark.kafka]
 

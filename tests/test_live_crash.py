@@ -32,7 +32,7 @@ from rulewatch.kafka.produce import send_all
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import PENDING
 from rulewatch.spark.layers.pipeline import summarize
-from test_crash import RULES, _alerts, _files, _land, run_cli
+from processes import RULES, crash_files, decided_alerts, land, run_cli
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
 
@@ -53,20 +53,20 @@ def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: s
 def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
     """The stream's source options, and the alerts topic it publishes to (Kafka only)."""
     if request.param == "files":
-        for name, lines in _files():
-            _land(tmp_path / "landing", name, lines)
+        for name, lines in crash_files():
+            land(tmp_path / "landing", name, lines)
         return ["--landing", str(tmp_path / "landing")], None
     bootstrap = request.getfixturevalue("kafka_broker")
     topic = KafkaTopic(bootstrap, f"live-crash-{uuid.uuid4().hex[:8]}")
     ensure_topic(topic, partitions=1)  # the files' order, so first-wins matches the job's
-    send_all(topic, [line for _, lines in _files() for line in lines])
+    send_all(topic, [line for _, lines in crash_files() for line in lines])
     alerts = KafkaTopic(bootstrap, f"live-crash-alerts-{uuid.uuid4().hex[:8]}")
     ensure_topic(alerts)
     return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic], alerts
 
 
 def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, uninterrupted, source, tmp_path):
-    expected_lakehouse, landed = uninterrupted, sum(len(lines) for _, lines in _files())
+    expected_lakehouse, landed = uninterrupted, sum(len(lines) for _, lines in crash_files())
     options, alerts_topic = source
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []
@@ -103,7 +103,7 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     committed = max(int(p.name) for p in Path(lakehouse.checkpoint("gold"), "commits").iterdir() if p.name.isdigit())
     assert sorted(r.batch_id for r in metrics.where(f"batch_id <= {committed}").collect()) == list(range(committed + 1)), kills
     assert not any(Path(lakehouse.checkpoint("gold"), PENDING).glob("*.json"))
-    expected, actual = _alerts(spark, expected_lakehouse), _alerts(spark, lakehouse)
+    expected, actual = decided_alerts(spark, expected_lakehouse), decided_alerts(spark, lakehouse)
     assert len(expected) > 20
     assert actual == expected, kills  # none missing, none twice
     after, before = summarize(spark, lakehouse), summarize(spark, expected_lakehouse)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -60,6 +61,23 @@ def history(spark, lakehouse: Lakehouse) -> list[tuple]:
          r.before and json.loads(r.before), r.after and json.loads(r.after))
         for r in rows
     ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def applied_once(spark, tmp_path_factory) -> Lakehouse:
+    """fixtures/rules.json applied by alice to a new lakehouse (version 0 the CREATE, 1 the MERGE); only copied."""
+    lakehouse = Lakehouse(str(tmp_path_factory.mktemp("applied") / "lh"))
+    apply_rules_file(spark, lakehouse, FIXTURES / "rules.json", updated_by="alice")
+    return lakehouse
+
+
+@pytest.fixture
+def applied(spark, applied_once, tmp_path) -> Lakehouse:
+    """A private copy of ``applied_once``: a table folder copies in milliseconds, an apply costs a CREATE and a MERGE."""
+    shutil.copytree(applied_once.root, tmp_path / "lh")
+    lakehouse = Lakehouse(str(tmp_path / "lh"))
+    assert version(spark, lakehouse.rules) == 1
+    return lakehouse
 
 
 # ---------------------------------------------------------------------------------- apply / export
@@ -163,10 +181,9 @@ def test_export_round_trips(spark, tmp_path):
 # ------------------------------------------------------------------------------ SQL edits + history
 
 
-def test_sql_edits_and_rule_history(spark, tmp_path):
-    lakehouse = Lakehouse(str(tmp_path / "lh"))
+def test_sql_edits_and_rule_history(spark, applied, tmp_path):
+    lakehouse = applied  # v1: the fixture rules, applied by alice
     rules = table_ref(lakehouse.rules)
-    apply_rules_file(spark, lakehouse, FIXTURES / "rules.json", updated_by="alice")  # v1
     spark.sql(f"UPDATE {rules} SET limit = 1200 WHERE ruleId = 1")  # v2
     spark.sql(f"DELETE FROM {rules} WHERE ruleId = 4")  # v3
     # Hostile-looking text written as SQL string literals (backslash-escaped) is stored verbatim.
@@ -274,14 +291,12 @@ def rules_cli(*argv: str) -> int:
     return args.func(args)
 
 
-def test_the_rules_table_exists_only_as_a_delta_table(spark, tmp_path):
-    lakehouse = Lakehouse(str(tmp_path / "lh"))
+def test_the_rules_table_exists_only_as_a_delta_table(spark, applied, tmp_path):
+    lakehouse = Lakehouse(str(tmp_path / "parquet"))
     assert not rules_table_exists(spark, lakehouse)  # nothing at its path
     spark.range(3).write.parquet(lakehouse.rules)  # plain Parquet where the table belongs
     assert not rules_table_exists(spark, lakehouse)
-    other = Lakehouse(str(tmp_path / "other"))
-    apply_rules_file(spark, other, FIXTURES / "rules.json")
-    assert rules_table_exists(spark, other)
+    assert rules_table_exists(spark, applied)
 
 
 def test_rules_cli(spark, tmp_path, capsys):
@@ -374,12 +389,11 @@ MINE = [*edited(r1={"limit": 1200}, r4={"ruleState": "DELETE"}), {**FIXTURE_RULE
 
 
 @pytest.mark.parametrize("edit", CONCURRENT_EDITS.values(), ids=CONCURRENT_EDITS.keys())
-def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, tmp_path, monkeypatch, capsys, edit):
+def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, applied, tmp_path, monkeypatch, capsys, edit):
     from rulewatch.spark.control import rules_table
     from rulewatch.cli.main import main
 
-    lh = Lakehouse(str(tmp_path / "lh"))
-    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    lh = applied
     read = rules_table._current_rules
     after_edit = {}
 
@@ -404,7 +418,7 @@ def test_a_change_between_the_read_and_the_merge_fails_the_apply_whole(spark, tm
     assert parse_rules(list(table_rules(spark, lh).values())) == [r for r in parse_rules(MINE) if r.rule_id != 4]
 
 
-def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_path, monkeypatch):
+def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, applied, tmp_path, monkeypatch):
     """The MERGE is held inside its transaction (a gate in its source) while another writer commits."""
     import os
     import threading
@@ -417,8 +431,7 @@ def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_p
     from rulewatch.spark.control import rules_table
     from rulewatch.spark.control.rules_table import RulesConflict
 
-    lh = Lakehouse(str(tmp_path / "lh"))
-    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    lh = applied
     entered, release = str(tmp_path / "entered"), str(tmp_path / "release")
 
     def gate(_: int) -> bool:  # runs in a Python worker: only the first row waits
@@ -459,13 +472,12 @@ def test_a_commit_while_the_merge_runs_loses_delta_s_conflict_check(spark, tmp_p
     assert (version(spark, lh.rules), table_rules(spark, lh)) == after_edit
 
 
-def test_two_applies_at_once_leave_one_file_whole(spark, tmp_path):
+def test_two_applies_at_once_leave_one_file_whole(spark, applied, tmp_path):
     import threading
 
     from rulewatch.spark.control.rules_table import RulesConflict
 
-    lh = Lakehouse(str(tmp_path / "lh"))
-    apply_rules_file(spark, lh, FIXTURES / "rules.json")
+    lh = applied
     files = {
         name: write_rules(tmp_path / f"{name}.json", edited(**{f"r{i}": {"description": name} for i in (1, 2, 3, 4)}))
         for name in ("a", "b")

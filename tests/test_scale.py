@@ -26,7 +26,7 @@ from conftest import FIXTURES, why_it_failed
 from rulewatch.cli.main import main
 from rulewatch.spark.runtime.env import MASTER_ENV
 from rulewatch.spark.storage.lakehouse import Lakehouse
-from test_crash import RULES, run_grouped
+from processes import RULES, finished_tasks, run_grouped
 
 SPARK_HOME = Path(pyspark.__file__).parent
 
@@ -124,25 +124,6 @@ def _alert_ids(spark, lakehouse: Lakehouse) -> list[str]:
     return sorted(r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).select("alert_id").collect())
 
 
-def _finished_tasks(workers: list[Path], before: set[Path]) -> dict[str, int]:
-    """Tasks each worker's executors of the applications started since ``before`` finished, by their logs,
-    once the logs have stopped growing for 2 s (executors' lines reach their files through the workers)."""
-
-    def counted() -> dict[str, int]:
-        return {
-            work.name: sum(log.read_text(errors="replace").count("Finished task") for app in work.glob("app-*") if app not in before
-                           for log in app.glob("*/stderr"))
-            for work in workers
-        }  # fmt: skip
-
-    counts, steady = counted(), time.monotonic()
-    while time.monotonic() - steady < 2:
-        time.sleep(0.25)
-        if (now := counted()) != counts:
-            counts, steady = now, time.monotonic()
-    return counts
-
-
 def _applications(cluster: Cluster) -> set[Path]:
     return {app for work in cluster.workers for app in work.glob("app-*")}
 
@@ -153,12 +134,12 @@ _JOB_THEN_STREAM = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-from test_scale import _finished_tasks
+from processes import finished_tasks
 from rulewatch.cli.main import main
 
 given = json.loads(sys.argv[1])
 codes = [main(given["job"])]
-counts = _finished_tasks([Path(w) for w in given["workers"]], {Path(a) for a in given["before"]})
+counts = finished_tasks([Path(w) for w in given["workers"]], {Path(a) for a in given["before"]})
 print("@@after-job@@", json.dumps(counts), flush=True)
 codes.append(main(given["stream"]))
 print("@@codes@@", json.dumps(codes), flush=True)
@@ -190,7 +171,7 @@ def on_cluster(cluster, tmp_path_factory) -> OnCluster:
     assert code == 0 and "@@codes@@" in out, why_it_failed(err)
     after_job = json.loads(out.split("@@after-job@@")[1].splitlines()[0])
     codes = json.loads(out.split("@@codes@@")[1].splitlines()[0])
-    return OnCluster(job, live, codes, after_job, _finished_tasks(cluster.workers, before))
+    return OnCluster(job, live, codes, after_job, finished_tasks(cluster.workers, before))
 
 
 @pytest.mark.subprocess
