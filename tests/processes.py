@@ -1,8 +1,9 @@
 """Helpers for tests whose subject is a process: a command run in its own process group and reaped whole,
 ``rulewatch`` attempts killed at a crash point, and the generated files the crash tests land.
 
-test_crash, test_live_crash, test_kafka_pipeline, test_scale (and its cluster driver script, which
-imports this module and nothing of pytest's) and conftest's ``uninterrupted`` share them.
+test_crash, test_live_crash, test_kafka_pipeline, test_connect, test_gold_layout, test_scale (and its
+cluster driver script, which imports this module and nothing of pytest's) and conftest's ``uninterrupted``
+share them.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from rulewatch.spark.storage.sinks import CRASH_AT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
-
-
 RULES = str(FIXTURES / "rules.json")
 # Columns that record when a row was processed, not what was decided: they differ between any two runs.
 PROCESSING_COLUMNS = {"decision_time", "ingest_time", "latency_ms", "gold_batch_id"}
@@ -119,7 +118,7 @@ def run_grouped(command: list[str], timeout: float, env: dict[str, str] | None =
         out, err = process.communicate()
         code = -signal.SIGKILL
     finally:
-        if process.poll() is None:  # an interrupted wait: the leader goes first, a zombie would outlive _reap's wait
+        if process.poll() is None:  # an interrupted wait: the leader goes first, a zombie would outlive reap's wait
             process.kill()
             process.wait()
         reap(process.pid)
