@@ -24,7 +24,7 @@ def test_a_checkpoint_without_a_committed_batch_takes_the_layout_it_is_given(tmp
     assert check_gold_layout(str(checkpoint), {"shards": 4, "state_slots": 0}, partitions=4) == 4
     # Nothing evaluated yet: nothing to move, and the shards spread over the partitions it starts with.
     assert check_gold_layout(str(checkpoint), {"shards": 8, "state_slots": 16}, partitions=2) == 2
-    assert json.loads((checkpoint / GOLD_LAYOUT).read_text()) == {"shards": 8, "state_slots": 16, "shard_partitions": 2}
+    assert json.loads((checkpoint / GOLD_LAYOUT).read_text()) == {"shards": 8, "state_slots": 16, "shard_partitions": 2, "source": "silver"}
 
 
 def _ran(checkpoint: Path, record: dict | None) -> Path:
@@ -45,9 +45,22 @@ def test_a_checkpoint_that_has_run_keeps_the_shard_labels_its_state_is_keyed_by(
     assert check_gold_layout(str(older), layout, partitions=4) == 0
     unrecorded = _ran(tmp_path / "unrecorded", None)
     assert check_gold_layout(str(unrecorded), layout, partitions=4) == 0
-    assert json.loads((unrecorded / GOLD_LAYOUT).read_text()) == {**layout, "shard_partitions": 0}
+    assert json.loads((unrecorded / GOLD_LAYOUT).read_text()) == {**layout, "shard_partitions": 0, "source": "silver"}
     assert check_gold_layout(str(unrecorded), layout, partitions=4) == 0
     assert check_gold_layout("s3://bucket/lakehouse/_checkpoints/gold", layout, partitions=4) == 0  # no record there
+
+
+def test_a_checkpoint_keeps_the_source_gold_read(tmp_path):
+    # Its offsets are that source's: silver's Delta versions or a topic's offsets, never the other's.
+    layout = {"shards": 4, "state_slots": 0}
+    direct = _ran(tmp_path / "direct", {**layout, "shard_partitions": 4, "source": "kafka:payments"})
+    assert check_gold_layout(str(direct), layout, source="kafka:payments") == 4
+    for other in ("silver", "kafka:other"):
+        with pytest.raises(CheckpointError, match=f"reads kafka:payments; this run asks it to read {other}"):
+            check_gold_layout(str(direct), layout, source=other)
+    older = _ran(tmp_path / "older", {**layout, "shard_partitions": 4})  # before the record named it: silver
+    with pytest.raises(CheckpointError, match="reads silver"):
+        check_gold_layout(str(older), layout, source="kafka:payments")
 
 
 def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):

@@ -394,6 +394,16 @@ def test_stream_and_demo_list_every_rules_problem_before_spark(tmp_path, capsys,
     assert not (tmp_path / "lh").exists()
 
 
+@pytest.mark.parametrize("command", ["stream", "demo"])
+def test_gold_from_the_source_needs_a_kafka_source(tmp_path, capsys, monkeypatch, command):
+    import rulewatch.spark.runtime.session
+
+    monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
+    code, err = cli([command, "--lakehouse", str(tmp_path / "lh"), "--gold-from-source"], capsys)
+    assert code == 2 and "--gold-from-source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too" in err
+    assert "Traceback" not in err and not (tmp_path / "lh").exists()
+
+
 def test_a_run_without_an_active_rule_warns_first():
     from rulewatch.spark.layers.pipeline import NO_RULES_WARNING, Summary
 

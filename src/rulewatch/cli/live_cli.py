@@ -34,7 +34,14 @@ def _settings(args: argparse.Namespace, lakehouse: Lakehouse) -> LiveSettings:
         ),
         shuffle_partitions=args.shuffle_partitions,
         metrics_every=args.metrics_every,
+        gold_from_source=args.gold_from_source,
     )
+
+
+def _source_problems(args: argparse.Namespace, kafka: KafkaSource | None) -> list[str]:
+    if args.gold_from_source and not kafka:
+        return ["--gold-from-source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too, or leave gold reading silver"]
+    return []
 
 
 def _apply_rules(spark: SparkSession, lakehouse: Lakehouse, files: list[str], log: Log) -> None:
@@ -111,7 +118,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         return 2
     landing = Path(args.landing or Path(lakehouse.root, "landing"))
     settings = _settings(args, lakehouse)
-    if problems := _check_rules_files(args.rules):
+    if problems := _source_problems(args, kafka) + _check_rules_files(args.rules):
         return _refuse(problems)
     if kafka:
         check_topic(kafka.topic)  # a dead cluster or a mistyped topic: said now, not after Spark has started
@@ -154,7 +161,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"rulewatch: {err}", file=sys.stderr)
         return 2
-    if problems := _check_rules_files(rules):
+    if problems := _source_problems(args, kafka) + _check_rules_files(rules):
         return _refuse(problems)
     with exclusive(lakehouse, "rulewatch demo"):
         spark = get_spark("rulewatch-demo")

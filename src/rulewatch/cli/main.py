@@ -191,6 +191,11 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     arguments.window_metrics_option(parser)
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
     parser.add_argument(
+        "--gold-from-source", action="store_true",
+        help="gold reads the Kafka topic itself (de-duplicating as silver does) instead of silver: an alert waits for one "
+        "query's batch, not two; ingest still writes bronze and silver beside it. Fixed per gold checkpoint (docs/design.md)",
+    )  # fmt: skip
+    parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",
         help="seconds between the commits that append live batches' pipeline_metrics rows (default 30; 0: every batch "
         "commits its own row, so dashboards are current to the batch, and batches take longer: docs/journal/benchmarks.md)",

@@ -1,6 +1,7 @@
 """Gold: silver events + the rules change feed -> stateful evaluator -> alerts, metrics, late events.
 
-Flow: silver stream -> watermark -> fan out per keyset (evaluator/keying.py) -> union with every rule change
+Flow: silver stream (or, live, the Kafka source itself: parsed, checked and de-duplicated as silver does,
+``_first_lines``) -> watermark -> fan out per keyset (evaluator/keying.py) -> union with every rule change
 broadcast to all shards -> ``transformWithStateInPandas`` grouped by shard (evaluator/shard.py) ->
 one ``foreachBatch`` that splits the output into idempotent Delta appends (storage/sinks.py).
 """
@@ -17,15 +18,19 @@ from typing import Any, Callable, ContextManager
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.checkpoints import SILVER_AFTER_BATCH, STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
 from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
+from rulewatch.spark.evaluator.dedup import EVENT_MS, ORDER, DedupProcessor
 from rulewatch.spark.evaluator.processor import RuleProcessor
+from rulewatch.spark.layers import silver
 from rulewatch.kafka import alerts as kafka_alerts
 from rulewatch.kafka.client import KafkaTopic
+from rulewatch.kafka.source import KafkaSource, read_kafka
 from rulewatch.spark.evaluator.keying import fan_out, keysets, shard_label
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.evaluator.packing import pack
@@ -86,22 +91,19 @@ def _existing(spark: SparkSession, table: str, version: int) -> tuple[int, bool]
     raise CheckpointError(f"gold's checkpoint goes on from version {version} of {table}, which has only {newest + 1}")
 
 
-def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:
+def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued, source: KafkaSource | None) -> DataFrame:
     lateness_ms = parse_duration(settings.allowed_lateness)
-    reader = spark.readStream.format("delta")
-    if settings.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
-    silver = tables.read_stream(reader, lakehouse.silver_transactions, starting_version=continued.silver)
-    if continued.silver_after_batch is not None:
-        silver = silver.where(F.col("silver_batch_id") > continued.silver_after_batch)
+    if source is None:
+        lines = _silver_lines(spark, lakehouse, settings, continued).withWatermark("event_time", f"{lateness_ms} milliseconds")
+    else:
+        lines = _first_lines(read_kafka(spark, source), settings, lateness_ms)
     # The watermark column is projected away before the stateful operator: Spark would otherwise
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
-    watermarked = silver.withWatermark("event_time", f"{lateness_ms} milliseconds")
     # Both are read again for every micro-batch: the rules table's keysets, and those the evaluator still
     # holds rules for (a change to the table reaches the evaluator only through its change feed, later).
     held = tables.read(spark, lakehouse.rule_keysets).select("groupingKeyNames")
     routed = keysets(tables.read(spark, lakehouse.rules)).unionByName(held).distinct()
-    fanned = fan_out(watermarked, routed, settings.shard_labels)
+    fanned = fan_out(lines, routed, settings.shard_labels)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(
         "shard",
@@ -113,6 +115,42 @@ def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, c
         F.coalesce(amount_units, F.lit(0)).alias("paymentAmount"),
         F.col("payment_amount").isNull().alias("paymentAmount_null"),
     )
+
+
+def _silver_lines(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:
+    reader = spark.readStream.format("delta")
+    if settings.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", settings.max_files_per_trigger)
+    silver = tables.read_stream(reader, lakehouse.silver_transactions, starting_version=continued.silver)
+    if continued.silver_after_batch is not None:
+        silver = silver.where(F.col("silver_batch_id") > continued.silver_after_batch)
+    return silver
+
+
+# NFC maps only these three characters outside ASCII into it (to ';', '`', 'K'); any other text with a
+# character outside ASCII stays outside after NFC. Routing by the id with them mapped, and every other
+# non-ASCII id to one shard, sends the forms of one id that NFC makes equal to the same shard.
+_NFC_INTO_ASCII = ("\u037e\u1fef\u212a", ";`K")
+
+
+def _first_lines(bronze: DataFrame, settings: GoldSettings, lateness_ms: int) -> DataFrame:
+    """Gold straight from the source: the lines silver would accept, as silver's columns (evaluator/dedup.py).
+
+    Parsed and checked as silver does (``silver.parse``); quarantined lines are silver's to record, so
+    they stop here. Repeats are dropped by keyed state, grouped by a hash of the id."""
+    valid = silver.parse(bronze).where(F.size("reasons") == 0).withWatermark("event_time", f"{lateness_ms} milliseconds")
+    mapped = F.translate("transaction_id", *_NFC_INTO_ASCII)
+    ascii_only = F.octet_length(mapped) == F.length(mapped)
+    shard = F.when(ascii_only, F.pmod(F.xxhash64(mapped), F.lit(settings.shards))).otherwise(F.lit(0))
+    routed = valid.select(
+        shard.alias("dedup_shard"), F.unix_millis("event_time").alias(EVENT_MS), *ORDER, *[c for c in FIRST_LINES.fieldNames() if c not in ORDER]
+    )
+    processor = DedupProcessor(silver.dedup_horizon_ms(), parse_duration(settings.cleanup_granularity), FIRST_LINES.fieldNames(), silver.ID_COLUMNS)
+    return routed.groupBy("dedup_shard").transformWithStateInPandas(processor, FIRST_LINES, "Append", "EventTime")
+
+
+# What the de-duplication passes on: silver's columns but its batch id and source file.
+FIRST_LINES = StructType([f for f in schema.SILVER.fields if f.name not in ("silver_batch_id", "source_file")])
 
 
 def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:
@@ -139,12 +177,14 @@ def evaluated(
     settings: GoldSettings,
     continued: Continued = Continued(),
     initial_state: DataFrame | None = None,
+    source: KafkaSource | None = None,
 ) -> DataFrame:
     """The evaluator's output stream (one row per alert / metric / late event / rule error).
 
-    ``continued`` and ``initial_state``: a rescaled gold's first start (layers/rescale.py)."""
+    ``continued`` and ``initial_state``: a rescaled gold's first start (layers/rescale.py). ``source``:
+    read that topic itself instead of silver (``_first_lines``)."""
     stream = (
-        pack(_events(spark, lakehouse, settings, continued))
+        pack(_events(spark, lakehouse, settings, continued, source))
         .unionByName(_rule_changes(spark, lakehouse, settings, continued), allowMissingColumns=True)
         .unionByName(
             _to_every_shard(spark, command_stream(spark, lakehouse, continued.commands), settings), allowMissingColumns=True
@@ -427,25 +467,29 @@ def start_gold(
     recorder: Recorder | None = None,
     on_alerts: AlertsCommitted | None = None,
     initial_state: DataFrame | None = None,
+    source: KafkaSource | None = None,
 ) -> StreamingQuery:
     """The evaluator's query; its metrics rows are written at once unless ``recorder`` says otherwise.
 
     ``on_alerts`` is called in this process, so only for a classic session (Spark Connect runs
-    ``foreachBatch`` in the server's own Python process). ``initial_state``: a rescale's (layers/rescale.py)."""
+    ``foreachBatch`` in the server's own Python process). ``initial_state``: a rescale's (layers/rescale.py).
+    ``source``: the Kafka source gold reads itself, de-duplicating as silver does (``_first_lines``),
+    instead of reading silver: an alert then waits for one query's batch, not two."""
     ensure_gold_tables(spark, lakehouse)
     recorder = recorder or Recorder(lakehouse, "gold")
     checkpoint = lakehouse.checkpoint("gold")
     # New checkpoints spread their shards over the partitions the query starts with; a resumed one
     # keeps its record's (Spark keeps the checkpoint's partition count, and its state the labels).
     partitions = int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
-    spread = check_gold_layout(checkpoint, settings.layout, partitions, rescaling=initial_state is not None)
+    reads = source.identity if source else "silver"
+    spread = check_gold_layout(checkpoint, settings.layout, partitions, rescaling=initial_state is not None, source=reads)
     settings = replace(settings, shard_partitions=spread)
     holder: dict = {}
     totals = _state_totals_of(holder)
     write = partial(write_batch, lakehouse=lakehouse, recorder=recorder, state_totals=totals, alerts_topic=settings.alerts_topic,
                     on_alerts=on_alerts, window_metrics=settings.window_metrics, held_keysets=HeldKeysets(lakehouse))  # fmt: skip
     writer = (
-        evaluated(spark, lakehouse, settings, Continued.of(spark, lakehouse), initial_state)
+        evaluated(spark, lakehouse, settings, Continued.of(spark, lakehouse), initial_state, source)
         .writeStream.queryName("rulewatch_gold")
         .option("checkpointLocation", checkpoint)
         .foreachBatch(per_run(shifted(write, batch_base(checkpoint))))

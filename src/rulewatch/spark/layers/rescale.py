@@ -41,6 +41,7 @@ from rulewatch.spark.storage import tables
 from rulewatch.spark.storage.checkpoints import (
     BATCH_BASE,
     GOLD_LAYOUT,
+    GOLD_SOURCE,
     RESCALED_FROM,
     SHARD_PARTITIONS,
     SILVER_AFTER_BATCH,
@@ -100,6 +101,8 @@ def rescale_gold(
         return _first_batch(spark, lakehouse, replace(settings, shards=int(record["shards"]), state_slots=int(record["state_slots"])), record)
     if not has_run(checkpoint):
         raise CheckpointError(f"gold has not run on {lakehouse.root} yet: give `rulewatch run` --shards {shards} instead")
+    if record.get(GOLD_SOURCE, "silver") != "silver":  # its offsets are a topic's, the state's moves are silver's
+        raise CheckpointError(f"gold on {lakehouse.root} reads {record[GOLD_SOURCE]} itself; a rescale moves only a gold that reads silver")
     before = replace(settings, shards=int(record.get("shards", settings.shards)), state_slots=int(record.get("state_slots", 0)))
     if before.shards == shards:
         raise CheckpointError(f"gold already runs {shards} shards on {lakehouse.root}")

@@ -232,7 +232,7 @@ def demo(
     monitor = _monitor(spark, lakehouse)
     started = datetime.now(timezone.utc)
     streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries, monitor.feed = streams.queries, streams.feed
+    streams.watched_by(monitor)
     stop = threading.Event()
     result: list[generate.GenerateResult] = []
     change: RuleChangeTiming | None = None

@@ -141,6 +141,7 @@ class Monitor:
     source_outage: str | None = None  # the Kafka source did not answer for a while (kafka.health.Watch)
     moved: bool = False  # the last poll saw rows, alerts, a note or an error
     rules_version: int = -1  # the newest config/rules commit gold was seen running
+    direct: bool = False  # gold reads the Kafka source itself, not silver (LiveSettings.gold_from_source)
 
     def __post_init__(self) -> None:
         self.layers["gold"].batch_base = batch_base(self.lakehouse.checkpoint("gold"))
@@ -287,10 +288,14 @@ class Monitor:
         if len(self.queries) != len(LAYERS) or any(q.lastProgress is None for q in self.queries):
             return False
         status = self.queries[0].status
-        return not (status["isDataAvailable"] or status["isTriggerActive"]) and self._gold_read_all_of_silver()
+        return not (status["isDataAvailable"] or status["isTriggerActive"]) and self._gold_read_all()
 
-    def _gold_read_all_of_silver(self) -> bool:
-        """Gold's last report is past silver's newest commit."""
+    def _gold_read_all(self) -> bool:
+        """Gold's last report is past silver's newest commit; reading the source itself, it is where
+        ingest's last report is in the topic."""
+        if self.direct:
+            read = {d: _offsets(o) for d, o in self.layers["ingest"].sources.items() if d.startswith("KafkaV2")}
+            return bool(read) and all(_offsets(self.layers["gold"].sources.get(d)) == o for d, o in read.items())
         return self.layers["gold"].has_read(self._silver_location, self._latest_version(self.lakehouse.silver_transactions))
 
     @cached_property
@@ -302,12 +307,16 @@ class Monitor:
         return self.spark.sql(f"DESCRIBE DETAIL {table_ref(silver)}").first()["location"]
 
     def caught_up(self, landed_events: int) -> bool:
-        """Ingest has read every landed event, and gold every commit of silver.
+        """Ingest has read every landed event, and gold every commit of silver (or, reading the topic itself, as far as ingest).
 
         Checked upstream first: ingest reports a batch after committing it, so once it has read
         every landed event, silver's latest commit holds all of them.
         """
-        return self.layers["ingest"].rows >= landed_events and self._gold_read_all_of_silver()
+        return self.layers["ingest"].rows >= landed_events and self._gold_read_all()
+
+
+def _offsets(offset: Any) -> Any:
+    return json.loads(offset) if isinstance(offset, str) else offset
 
 
 def _alert(r: Row, decided: int) -> Alert:

@@ -34,6 +34,10 @@ class LiveSettings:
     gold: GoldSettings = GoldSettings()
     shuffle_partitions: int | None = None  # for these queries; a stateful checkpoint keeps the value it began with
     metrics_every: float = 30.0  # seconds between pipeline_metrics commits; 0: each batch commits its own rows
+    # Gold reads a Kafka source itself, de-duplicating as silver does, instead of reading silver
+    # (layers/gold.py): an alert then waits for one query's batch, not ingest's and then gold's.
+    # Ingest still writes bronze and silver beside it. Fixed per gold checkpoint.
+    gold_from_source: bool = False
 
 
 @dataclass
@@ -44,12 +48,19 @@ class Streams:
     queries: list[StreamingQuery]
     recorders: list[Recorder]
     feed: AlertFeed | None = None  # gold's alerts as they commit (a classic session)
+    direct: bool = False  # gold reads the Kafka source itself (LiveSettings.gold_from_source)
+
+    def watched_by(self, monitor: Monitor) -> None:
+        """Hand the queries, the alert feed and what gold reads to ``monitor``."""
+        monitor.queries, monitor.feed, monitor.direct = self.queries, self.feed, self.direct
 
 
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
-    check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout)  # before ingest starts, not after
+    direct = _direct_source(source, settings)
+    reads = direct.identity if direct else "silver"
+    check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout, source=reads)  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     recorders = [Recorder.gathered(lakehouse, query, settings.metrics_every) for query in LAYERS]
@@ -57,9 +68,18 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
     with session_confs(spark, partitions):
         ingest = start_ingest(spark, source, lakehouse, settings.trigger, recorders[0])
         gold = start_gold(
-            spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1], on_alerts=feed
+            spark, lakehouse, settings.gold, available_now=False, processing_time=settings.trigger, recorder=recorders[1], on_alerts=feed,
+            source=direct,
         )
-        return Streams(spark, [ingest, gold], recorders, feed)
+        return Streams(spark, [ingest, gold], recorders, feed, direct is not None)
+
+
+def _direct_source(source: Source, settings: LiveSettings) -> KafkaSource | None:
+    if not settings.gold_from_source:
+        return None
+    if not isinstance(source, KafkaSource):
+        raise ValueError("gold straight from the source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic, or leave gold reading silver")
+    return source
 
 
 def stop_streams(streams: Streams) -> None:
@@ -98,7 +118,7 @@ def _streamed(
 ) -> Monitor:
     monitor = _monitor(spark, lakehouse)
     streams = start_streams(spark, lakehouse, source, settings)
-    monitor.queries, monitor.feed = streams.queries, streams.feed
+    streams.watched_by(monitor)
     started = time.monotonic()
     deadline = started + duration if duration else float("inf")
     watch = Watch(source.topic, log) if isinstance(source, KafkaSource) else None

@@ -198,6 +198,7 @@ def check_checkpoint(checkpoint: str, sinks: list[tuple[str, str]], commits: Com
 
 GOLD_LAYOUT = "rulewatch-layout.json"  # in gold's checkpoint folder, beside Spark's own files
 SHARD_PARTITIONS = "shard_partitions"  # in it since the shards' labels were spread (engine.shards)
+GOLD_SOURCE = "source"  # what gold reads: "silver", or a Kafka source's identity (layers/gold.py)
 # Kept in it by a rescale (layers/rescale.py), whose new checkpoint continues the old one's query:
 BATCH_BASE = "batch_base"  # added to the checkpoint's batch ids in every table gold writes
 WATERMARK_FLOOR = "watermark_floor_ms"  # the old query's watermark: no event it would call late is evaluated
@@ -268,7 +269,7 @@ def gold_layout(checkpoint: str, asked: dict[str, int | None], defaults: dict[st
     return layout, {name: value for name, value in filled.items() if value != defaults[name]}
 
 
-def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0, rescaling: bool = False) -> int:
+def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int = 0, rescaling: bool = False, source: str = "silver") -> int:
     """Refuse to resume gold with another shard count or state layout than it began with; record them.
 
     A key's window history lives in the shard its hash picked, and a rule change reaches only the
@@ -282,6 +283,9 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
 
     A rescale's new checkpoint before its first batch (``rescaling``: the rescale itself) runs only
     from the rescale, which hands it the old state; any other start would begin without it.
+
+    ``source``: what gold reads, silver or a Kafka topic itself (layers/gold.py): the checkpoint's
+    offsets are that source's, so it is kept too.
     """
     if "://" in checkpoint:
         return 0
@@ -295,6 +299,12 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
             "lakehouse again to finish it"
         )
     if record.exists() and ran:
+        read = stored.get(GOLD_SOURCE, "silver")
+        if read != source:
+            raise CheckpointError(
+                f"gold checkpoint {checkpoint} reads {read}; this run asks it to read {source}. Its offsets are "
+                f"{read}'s: run as it began, or rebuild gold ({RECOVERY})."
+            )
         began_with = {name: stored.get(name) for name in layout}
         if began_with != layout:
             began = as_flags(began_with)
@@ -307,7 +317,7 @@ def check_gold_layout(checkpoint: str, layout: dict[str, int], partitions: int =
         return int(stored.get(SHARD_PARTITIONS, 0))
     spread = 0 if ran else partitions  # a checkpoint that ran before the record kept labels 0 .. shards-1
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({**stored, **layout, SHARD_PARTITIONS: spread}) + "\n", encoding="utf-8")
+    record.write_text(json.dumps({**stored, **layout, SHARD_PARTITIONS: spread, GOLD_SOURCE: source}) + "\n", encoding="utf-8")
     return spread
 
 
