@@ -49,9 +49,10 @@ def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: s
     return run_cli(_arguments(lakehouse, source, seconds), crash_at, kill_after, timeout=seconds + 300)
 
 
-@pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka)])
+@pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka), pytest.param("kafka-direct", marks=pytest.mark.kafka)])
 def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
-    """The stream's source options, and the alerts topic it publishes to (Kafka only)."""
+    """The stream's source options, and the alerts topic it publishes to (Kafka only). ``kafka-direct``:
+    gold reads the topic itself (``--gold-from-source``), its de-duplication state killed and restarted with it."""
     if request.param == "files":
         for name, lines in crash_files():
             land(tmp_path / "landing", name, lines)
@@ -62,7 +63,8 @@ def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
     send_all(topic, [line for _, lines in crash_files() for line in lines])
     alerts = KafkaTopic(bootstrap, f"live-crash-alerts-{uuid.uuid4().hex[:8]}")
     ensure_topic(alerts)
-    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic], alerts
+    direct = ["--gold-from-source"] if request.param == "kafka-direct" else []
+    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic, *direct], alerts
 
 
 def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, uninterrupted, source, tmp_path):
@@ -71,33 +73,41 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []
     started = time.monotonic()
-    # Silver committed inside the first ingest batch; the metrics row not, and bronze, quarantine and
-    # duplicates (written at the same time) maybe. Bronze's append has the same sink name as silver's,
-    # so the point names the table: a kill after bronze alone left gold's batch 0 free to run before
-    # the restart's ingest wrote silver, with no alert for the gold kill below to publish.
-    assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions@silver/transactions:0:after") == -signal.SIGKILL
-    assert newest_committed_batch(lakehouse.silver_transactions, "rulewatch.ingest.transactions") == 0
-    kills.append("ingest batch 0 after silver")
-    reached = time.monotonic() - started
 
     def next_gold_batch() -> int:
         return last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
 
-    # Inside gold's first batch, while its lines are still to evaluate, so this kill comes whatever the
-    # random one below leaves. Gold reads silver's table whatever the source, so each source takes one of
+    # Gold reads silver's table (or, direct, the same lines from the topic), so each source takes one of
     # gold's two points: Kafka the one after the batch's alerts were published and appended (its replay
     # publishes them again), the landing folder the later one, after the metrics row was kept in a file.
     gold_point = "rulewatch.gold.alerts:{}:after" if alerts_topic else "rulewatch.metrics.gold:{}:kept"
-    gold_batch = next_gold_batch()
-    assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(gold_batch)) == -signal.SIGKILL
-    kills.append(gold_point.format(gold_batch))
+    if "--gold-from-source" in options:
+        # Gold's first batch reads every line from the topic itself, alerts included, so its kill comes
+        # first (with the de-duplication state); the ingest kill is [kafka]'s, the same code.
+        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(0)) == -signal.SIGKILL
+        kills.append(gold_point.format(0))
+        reached = time.monotonic() - started
+    else:
+        # Silver committed inside the first ingest batch; the metrics row not, and bronze, quarantine and
+        # duplicates (written at the same time) maybe. Bronze's append has the same sink name as silver's,
+        # so the point names the table: a kill after bronze alone left gold's batch 0 free to run before
+        # the restart's ingest wrote silver, with no alert for the gold kill below to publish.
+        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions@silver/transactions:0:after") == -signal.SIGKILL
+        assert newest_committed_batch(lakehouse.silver_transactions, "rulewatch.ingest.transactions") == 0
+        kills.append("ingest batch 0 after silver")
+        reached = time.monotonic() - started
+        # Inside gold's first batch, while its lines are still to evaluate, so this kill comes whatever the
+        # random one below leaves.
+        gold_batch = next_gold_batch()
+        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(gold_batch)) == -signal.SIGKILL
+        kills.append(gold_point.format(gold_batch))
     seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached
     if _stream(lakehouse, options, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
     # The restart after the kills in this process, on the tests' session: it resumes from what is on disk, as a new process would.
     assert main(_arguments(lakehouse, options, DRAIN_SECONDS)) == 0
 
-    assert len(kills) >= 2, kills
+    assert len(kills) >= (1 if "--gold-from-source" in options else 2), kills
     # Every gold batch the checkpoint committed has its metrics row, once (none left in a file).
     metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
     committed = max(int(p.name) for p in Path(lakehouse.checkpoint("gold"), "commits").iterdir() if p.name.isdigit())
