@@ -1,4 +1,4 @@
-"""Gold straight from the Kafka source (``--gold-from-source``) decides exactly as gold from silver.
+"""Gold straight from the Kafka source (``--gold-source topic``) decides exactly as gold from silver.
 
 One topic (one partition: a line's place is its offset in both queries) holds the fixtures' lines and
 repeats that would each push a key over rule 1's limit if counted twice: the same id in NFC's two

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES
 from rulewatch.cli.main import main
-from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, last_planned_batch
+from rulewatch.spark.storage.checkpoints import GOLD_LAYOUT, CheckpointError, check_gold_layout, gold_layout, gold_source, last_planned_batch
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from processes import RULES
 
@@ -61,6 +61,8 @@ def test_a_checkpoint_keeps_the_source_gold_read(tmp_path):
     older = _ran(tmp_path / "older", {**layout, "shard_partitions": 4})  # before the record named it: silver
     with pytest.raises(CheckpointError, match="reads silver"):
         check_gold_layout(str(older), layout, source="kafka:payments")
+    # What a live start goes on with when not told (streams._direct_source): the record's, once it has run.
+    assert (gold_source(str(direct)), gold_source(str(older)), gold_source(str(tmp_path / "new"))) == ("kafka:payments", "silver", None)
 
 
 def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):

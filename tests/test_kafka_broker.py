@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -166,3 +167,15 @@ def test_kafka_alerts_prints_the_topics_alerts_and_stops_after_max_or_when_idle(
     assert shown.out.splitlines() == values and shown.err.endswith("rulewatch kafka alerts: 3 alert(s)\n")
     assert main(["kafka", "alerts", "--bootstrap", kafka_broker, "--topic", topic.topic, "--idle", "2"]) == 0  # only new ones: none
     assert capsys.readouterr().out == ""
+
+
+def test_a_source_starting_at_latest_is_pinned_to_the_ends_it_has_now(kafka_broker):
+    from rulewatch.kafka.source import KafkaSource
+
+    topic = KafkaTopic(kafka_broker, f"pinned-{uuid.uuid4().hex[:8]}")
+    ensure_topic(topic, partitions=2)
+    send_all(topic, [f'{{"n": {i}}}' for i in range(5)])  # unkeyed: spread over the partitions
+    pinned = KafkaSource(topic, starting_offsets="latest").pinned()
+    ends = json.loads(pinned.starting_offsets)[topic.topic]
+    assert sorted(ends) == ["0", "1"] and sum(ends.values()) == 5
+    assert pinned.identity == KafkaSource(topic).identity  # the same source, from one place

@@ -176,6 +176,7 @@ def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, 
     from rulewatch.spark.layers.gold import GoldSettings
     from rulewatch.kafka.client import KafkaTopic
     from rulewatch.kafka.source import KafkaSource
+    from rulewatch.spark.storage.checkpoints import gold_source
 
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     for path in DEMO_RULES:
@@ -188,6 +189,7 @@ def test_demo_over_kafka_catches_every_pattern_and_publishes_every_alert(spark, 
     assert report.caught_up, "\n".join(lines)
     assert all(s.caught == s.injected > 0 for s in report.score.patterns.values()), report.score.patterns
     assert report.score.false_positives == []
+    assert gold_source(lakehouse.checkpoint("gold")) == "kafka:demo-payments"  # a new gold over Kafka reads the topic itself
     bronze = spark.read.format("delta").load(lakehouse.bronze_transactions)
     assert bronze.count() == report.generated.events and bronze.where("kafka_topic = 'demo-payments'").count() == bronze.count()
     table = {r.alert_id for r in spark.read.format("delta").load(lakehouse.alerts).collect()}

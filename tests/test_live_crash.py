@@ -51,8 +51,9 @@ def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: s
 
 @pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka), pytest.param("kafka-direct", marks=pytest.mark.kafka)])
 def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
-    """The stream's source options, and the alerts topic it publishes to (Kafka only). ``kafka-direct``:
-    gold reads the topic itself (``--gold-from-source``), its de-duplication state killed and restarted with it."""
+    """The stream's source options, and the alerts topic it publishes to (Kafka only). ``kafka``: gold reads
+    silver (``--gold-source silver``); ``kafka-direct``: the topic itself, a new gold's default over Kafka,
+    its de-duplication state killed and restarted with it."""
     if request.param == "files":
         for name, lines in crash_files():
             land(tmp_path / "landing", name, lines)
@@ -63,13 +64,14 @@ def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
     send_all(topic, [line for _, lines in crash_files() for line in lines])
     alerts = KafkaTopic(bootstrap, f"live-crash-alerts-{uuid.uuid4().hex[:8]}")
     ensure_topic(alerts)
-    direct = ["--gold-from-source"] if request.param == "kafka-direct" else []
-    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic, *direct], alerts
+    gold_source = ["--gold-source", "silver"] if request.param == "kafka" else []
+    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic, *gold_source], alerts
 
 
 def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, uninterrupted, source, tmp_path):
     expected_lakehouse, landed = uninterrupted, sum(len(lines) for _, lines in crash_files())
     options, alerts_topic = source
+    direct = alerts_topic is not None and "--gold-source" not in options
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []
     started = time.monotonic()
@@ -81,7 +83,7 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     # gold's two points: Kafka the one after the batch's alerts were published and appended (its replay
     # publishes them again), the landing folder the later one, after the metrics row was kept in a file.
     gold_point = "rulewatch.gold.alerts:{}:after" if alerts_topic else "rulewatch.metrics.gold:{}:kept"
-    if "--gold-from-source" in options:
+    if direct:
         # Gold's first batch reads every line from the topic itself, alerts included, so its kill comes
         # first (with the de-duplication state); the ingest kill is [kafka]'s, the same code.
         assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(0)) == -signal.SIGKILL
@@ -107,7 +109,7 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     # The restart after the kills in this process, on the tests' session: it resumes from what is on disk, as a new process would.
     assert main(_arguments(lakehouse, options, DRAIN_SECONDS)) == 0
 
-    assert len(kills) >= (1 if "--gold-from-source" in options else 2), kills
+    assert len(kills) >= (1 if direct else 2), kills
     # Every gold batch the checkpoint committed has its metrics row, once (none left in a file).
     metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
     committed = max(int(p.name) for p in Path(lakehouse.checkpoint("gold"), "commits").iterdir() if p.name.isdigit())

@@ -399,8 +399,8 @@ def test_gold_from_the_source_needs_a_kafka_source(tmp_path, capsys, monkeypatch
     import rulewatch.spark.runtime.session
 
     monkeypatch.setattr(rulewatch.spark.runtime.session, "get_spark", lambda *_: pytest.fail("Spark was started"))
-    code, err = cli([command, "--lakehouse", str(tmp_path / "lh"), "--gold-from-source"], capsys)
-    assert code == 2 and "--gold-from-source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too" in err
+    code, err = cli([command, "--lakehouse", str(tmp_path / "lh"), "--gold-source", "topic"], capsys)
+    assert code == 2 and "--gold-source topic reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too" in err
     assert "Traceback" not in err and not (tmp_path / "lh").exists()
 
 

@@ -34,13 +34,13 @@ def _settings(args: argparse.Namespace, lakehouse: Lakehouse) -> LiveSettings:
         ),
         shuffle_partitions=args.shuffle_partitions,
         metrics_every=args.metrics_every,
-        gold_from_source=args.gold_from_source,
+        gold_from_source=None if args.gold_source is None else args.gold_source == "topic",
     )
 
 
 def _source_problems(args: argparse.Namespace, kafka: KafkaSource | None) -> list[str]:
-    if args.gold_from_source and not kafka:
-        return ["--gold-from-source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too, or leave gold reading silver"]
+    if args.gold_source == "topic" and not kafka:
+        return ["--gold-source topic reads a Kafka topic: give --kafka-bootstrap and --kafka-topic too, or --gold-source silver"]
     return []
 
 

@@ -191,9 +191,10 @@ def _stream_options(parser: argparse.ArgumentParser) -> None:
     arguments.window_metrics_option(parser)
     parser.add_argument("--gold-no-data-batches", action="store_true", help="let gold run timer-only batches between data batches (slower)")
     parser.add_argument(
-        "--gold-from-source", action="store_true",
-        help="gold reads the Kafka topic itself (de-duplicating as silver does) instead of silver: an alert waits for one "
-        "query's batch, not two; ingest still writes bronze and silver beside it. Fixed per gold checkpoint (docs/design.md)",
+        "--gold-source", choices=("topic", "silver"),
+        help="what gold reads: 'topic', the Kafka topic itself, de-duplicating as silver does (an alert waits for one "
+        "query's batch, not two; ingest still writes bronze and silver beside it), or 'silver'. Fixed per gold checkpoint "
+        "(default: what it began with; for a new one 'topic' over Kafka, else silver; docs/design.md)",
     )  # fmt: skip
     parser.add_argument(
         "--metrics-every", type=arguments.seconds("metrics every", 30), default=30.0, metavar="SECONDS",

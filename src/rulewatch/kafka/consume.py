@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from rulewatch.kafka.client import KafkaConfigError, KafkaTopic, client_config
 
@@ -47,15 +48,37 @@ def timed(topic: KafkaTopic, from_beginning: bool = False, idle_s: float | None 
         consumer.close()
 
 
+def end_offsets(topic: KafkaTopic, timeout_s: float = 60) -> dict[int, int]:
+    """Each partition's end offset now (the offset its next record will get)."""
+    consumer = _assigning(topic)
+    try:
+        return _ends(consumer, topic, timeout_s)
+    finally:
+        consumer.close()
+
+
+def _assigning(topic: KafkaTopic) -> Any:
+    """A consumer for assigned partitions (no group to join; its id only names it)."""
+    from confluent_kafka import Consumer
+
+    return Consumer(client_config(topic) | {"group.id": f"rulewatch-held-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False, "log_level": 0})
+
+
+def _ends(consumer: Any, topic: KafkaTopic, timeout_s: float) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    partitions = consumer.list_topics(topic.topic, timeout=timeout_s).topics[topic.topic].partitions
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic.topic, p), timeout=timeout_s)[1] for p in partitions}
+
+
 def held(topic: KafkaTopic, timeout_s: float = 60) -> Iterator[tuple[int, bytes]]:
     """Every record the topic holds now, with its timestamp (as :func:`timed`), then stop: read from each
     partition's start up to its end offset as of the call. Assigned, not subscribed: no group to join."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    consumer = Consumer(client_config(topic) | {"group.id": f"rulewatch-held-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False, "log_level": 0})
+    consumer = _assigning(topic)
     try:
-        partitions = consumer.list_topics(topic.topic, timeout=timeout_s).topics[topic.topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic.topic, p), timeout=timeout_s)[1] for p in partitions}
+        ends = _ends(consumer, topic, timeout_s)
         pending = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic.topic, p, OFFSET_BEGINNING) for p in pending])
         deadline = time.monotonic() + timeout_s

@@ -11,7 +11,8 @@ message instead of vanishing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,6 +35,14 @@ class KafkaSource:
             )
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise KafkaConfigError(f"max offsets per trigger must be at least 1, got {self.max_offsets_per_trigger}")
+
+    def pinned(self) -> "KafkaSource":
+        """The same source starting at each partition's end offset now, instead of Spark's ``latest``,
+        which each query resolves when it starts: two queries then begin at one place."""
+        from rulewatch.kafka.consume import end_offsets
+
+        ends = end_offsets(self.topic)
+        return replace(self, starting_offsets=json.dumps({self.topic.topic: {str(p): end for p, end in sorted(ends.items())}}))
 
     @property
     def identity(self) -> str:

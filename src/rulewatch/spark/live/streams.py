@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.layers.bronze import Source, check_source
-from rulewatch.spark.storage.checkpoints import check_gold_layout, check_queries
+from rulewatch.spark.storage.checkpoints import check_gold_layout, check_queries, gold_source
 from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, start_gold
 from rulewatch.spark.layers.ingest import start_ingest
 from rulewatch.kafka.health import Watch
@@ -36,8 +36,9 @@ class LiveSettings:
     metrics_every: float = 30.0  # seconds between pipeline_metrics commits; 0: each batch commits its own rows
     # Gold reads a Kafka source itself, de-duplicating as silver does, instead of reading silver
     # (layers/gold.py): an alert then waits for one query's batch, not ingest's and then gold's.
-    # Ingest still writes bronze and silver beside it. Fixed per gold checkpoint.
-    gold_from_source: bool = False
+    # Ingest still writes bronze and silver beside it. Fixed per gold checkpoint; None: as the
+    # checkpoint began, and for a new one, from the topic whenever the source is Kafka.
+    gold_from_source: bool | None = None
 
 
 @dataclass
@@ -58,7 +59,9 @@ class Streams:
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
-    direct = _direct_source(source, settings)
+    direct = _direct_source(lakehouse, source, settings)
+    if direct and direct.starting_offsets == "latest":  # both queries from one point, or one would see lines the other never does
+        source = direct = direct.pinned()
     reads = direct.identity if direct else "silver"
     check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout, source=reads)  # before ingest starts, not after
     check_source(lakehouse, source)
@@ -74,11 +77,16 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
         return Streams(spark, [ingest, gold], recorders, feed, direct is not None)
 
 
-def _direct_source(source: Source, settings: LiveSettings) -> KafkaSource | None:
-    if not settings.gold_from_source:
+def _direct_source(lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> KafkaSource | None:
+    """The Kafka source gold reads itself, or None: gold reads silver (``LiveSettings.gold_from_source``)."""
+    wanted = settings.gold_from_source
+    if wanted is None:
+        began = gold_source(lakehouse.checkpoint("gold"))
+        wanted = isinstance(source, KafkaSource) if began is None else began != "silver"
+    if not wanted:
         return None
     if not isinstance(source, KafkaSource):
-        raise ValueError("gold straight from the source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic, or leave gold reading silver")
+        raise ValueError("gold straight from the source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic, or --gold-source silver")
     return source
 
 

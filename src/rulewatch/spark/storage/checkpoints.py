@@ -208,6 +208,13 @@ SILVER_AFTER_BATCH = "silver_after_batch"  # silver's newest batch id the old qu
 RESCALED_FROM = "rescaled_from"  # the old shard count and its last batch, for people
 
 
+def gold_source(checkpoint: str) -> str | None:
+    """What a gold checkpoint that has run reads (``check_gold_layout``'s ``source``); None: not run yet."""
+    if not has_run(checkpoint):
+        return None
+    return gold_record(checkpoint).get(GOLD_SOURCE, "silver")
+
+
 def gold_record(checkpoint: str) -> dict:
     """Gold's layout record (``{}``: none, or a ``scheme://`` checkpoint)."""
     record = Path(checkpoint) / GOLD_LAYOUT
