@@ -99,3 +99,17 @@ def test_an_id_accepted_twice_keeps_its_newer_time_when_the_older_one_goes():
     batches = [[("a", 0)], [("a", 1_500)], [("z", 2_000)], [("a", 2_000)]]
     got, on_time = with_state(batches, lateness=0)
     assert on_time[-1] and got == silver_rule(batches, HORIZON) == [[True], [True], [True], [False]]
+
+
+def test_exactly_three_characters_outside_ascii_become_ascii_under_nfc():
+    # Gold routes an id's forms to one group by mapping these (layers/gold.py): any other id with a character
+    # outside ASCII stays outside after NFC, alone or after an ASCII letter it could compose with.
+    import sys
+    import unicodedata
+
+    from rulewatch.spark.layers.gold import _NFC_INTO_ASCII
+
+    into = [c for c in map(chr, range(0x80, sys.maxunicode + 1)) if unicodedata.normalize("NFC", c).isascii()]
+    assert into == list(_NFC_INTO_ASCII[0]) and [unicodedata.normalize("NFC", c) for c in into] == list(_NFC_INTO_ASCII[1])
+    composing = [c for c in map(chr, range(0x80, sys.maxunicode + 1)) if c not in into and unicodedata.normalize("NFC", "a" + c).isascii()]
+    assert composing == []

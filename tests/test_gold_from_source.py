@@ -30,8 +30,8 @@ from processes import PROCESSING_COLUMNS, RULES
 pytestmark = [pytest.mark.slow]
 
 
-def _line(tid: str, payee: str, amount: object) -> str:
-    return json.dumps({"transactionId": tid, "eventTime": "2026-11-01T10:30:00Z", "payeeId": payee, "beneficiaryId": "ben-r",
+def _line(tid: str, payee: str, amount: object, at: str = "2026-11-01T10:30:00Z") -> str:
+    return json.dumps({"transactionId": tid, "eventTime": at, "payeeId": payee, "beneficiaryId": "ben-r",
                        "paymentAmount": amount, "paymentType": "CRD"}, ensure_ascii=False)  # fmt: skip
 
 
@@ -54,17 +54,34 @@ def topic(kafka_broker) -> KafkaTopic:
     return topic
 
 
+# Sent once both have read the rest: hours behind the watermark by then, so late, and recorded.
+LATE = [_line("late-1", "payee-L", 5, "2026-11-01T07:00:00Z"), _line("late-2", "payee-L", 7, "2026-11-01T07:01:00Z")]
+
+
 def _decisions(spark, lakehouse: Lakehouse) -> list[tuple]:
     return sorted(tuple(r) for r in spark.read.format("delta").load(lakehouse.alerts).drop(*PROCESSING_COLUMNS).collect())
 
 
+def _late(spark, lakehouse: Lakehouse) -> list[tuple]:
+    return sorted((r.transaction_id, r.reason) for r in spark.read.format("delta").load(lakehouse.late_events).collect())
+
+
 def test_gold_from_the_topic_raises_the_alerts_gold_from_silver_raises(spark, topic, tmp_path):
-    from_silver = Lakehouse(str(tmp_path / "from-silver"))
-    run_all(spark, from_silver, KafkaSource(topic), RULES, GoldSettings(), log=lambda _: None)
-    direct = Lakehouse(str(tmp_path / "direct"))
+    from_silver, direct = Lakehouse(str(tmp_path / "from-silver")), Lakehouse(str(tmp_path / "direct"))
     apply_rules_file(spark, direct, RULES)
-    monitor = stream(spark, direct, KafkaSource(topic), LiveSettings(gold_from_source=True), duration=240, log=lambda _: None, drain=True)
-    assert monitor.drained_in is not None, "the stream did not drain"
+
+    def both() -> None:
+        run_all(spark, from_silver, KafkaSource(topic), RULES, GoldSettings(), log=lambda _: None)
+        monitor = stream(spark, direct, KafkaSource(topic), LiveSettings(gold_from_source=True), duration=240, log=lambda _: None, drain=True)
+        assert monitor.drained_in is not None, "the stream did not drain"
+
+    both()
+    with TopicWriter(topic) as writer:
+        for line in LATE:
+            writer.send(line)
+    both()
+    late = _late(spark, from_silver)
+    assert {tid for tid, _ in late} >= {"late-1", "late-2"} and _late(spark, direct) == late  # none dropped unseen
 
     expected = _decisions(spark, from_silver)
     assert expected and _decisions(spark, direct) == expected

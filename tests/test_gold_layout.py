@@ -63,6 +63,10 @@ def test_a_checkpoint_keeps_the_source_gold_read(tmp_path):
         check_gold_layout(str(older), layout, source="kafka:payments")
     # What a live start goes on with when not told (streams._direct_source): the record's, once it has run.
     assert (gold_source(str(direct)), gold_source(str(older)), gold_source(str(tmp_path / "new"))) == ("kafka:payments", "silver", None)
+    planned = tmp_path / "planned"  # a batch planned, none committed, from before records named their source
+    (planned / "offsets").mkdir(parents=True)
+    (planned / "offsets" / "0").write_text("v1\n{}\n")
+    assert gold_source(str(planned)) == "silver" and gold_source("s3://bucket/lakehouse/_checkpoints/gold") == "silver"
 
 
 def test_unset_flags_take_the_layout_the_checkpoint_began_with(tmp_path):

@@ -18,14 +18,14 @@ from typing import Any, Callable, ContextManager
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
 from rulewatch.spark.storage import schema, tables
 from rulewatch.spark.storage.checkpoints import SILVER_AFTER_BATCH, STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
 from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
 from rulewatch.engine.engine import MONEY_SCALE, OUTPUT_SCHEMA
-from rulewatch.spark.evaluator.dedup import EVENT_MS, ORDER, DedupProcessor
+from rulewatch.spark.evaluator.dedup import EVENT_MS, DedupProcessor
 from rulewatch.spark.evaluator.processor import RuleProcessor
 from rulewatch.spark.layers import silver
 from rulewatch.kafka import alerts as kafka_alerts
@@ -91,7 +91,9 @@ def _existing(spark: SparkSession, table: str, version: int) -> tuple[int, bool]
     raise CheckpointError(f"gold's checkpoint goes on from version {version} of {table}, which has only {newest + 1}")
 
 
-def _events(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued, source: KafkaSource | None) -> DataFrame:
+def _events(
+    spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued, source: KafkaSource | None = None
+) -> DataFrame:
     lateness_ms = parse_duration(settings.allowed_lateness)
     if source is None:
         lines = _silver_lines(spark, lakehouse, settings, continued).withWatermark("event_time", f"{lateness_ms} milliseconds")
@@ -137,20 +139,29 @@ def _first_lines(bronze: DataFrame, settings: GoldSettings, lateness_ms: int) ->
     """Gold straight from the source: the lines silver would accept, as silver's columns (evaluator/dedup.py).
 
     Parsed and checked as silver does (``silver.parse``); quarantined lines are silver's to record, so
-    they stop here. Repeats are dropped by keyed state, grouped by a hash of the id."""
+    they stop here. Repeats are dropped by keyed state, grouped by a hash of the id over the shards' labels."""
     valid = silver.parse(bronze).where(F.size("reasons") == 0).withWatermark("event_time", f"{lateness_ms} milliseconds")
     mapped = F.translate("transaction_id", *_NFC_INTO_ASCII)
     ascii_only = F.octet_length(mapped) == F.length(mapped)
-    shard = F.when(ascii_only, F.pmod(F.xxhash64(mapped), F.lit(settings.shards))).otherwise(F.lit(0))
-    routed = valid.select(
-        shard.alias("dedup_shard"), F.unix_millis("event_time").alias(EVENT_MS), *ORDER, *[c for c in FIRST_LINES.fieldNames() if c not in ORDER]
+    labels = settings.shard_labels
+    shard = shard_label(F.when(ascii_only, F.pmod(F.xxhash64(mapped), F.lit(len(labels)))).otherwise(F.lit(0)), labels)
+    # As for the evaluator below, the watermarked column itself is not handed to the operator (Spark may
+    # filter late input rows on it); late lines must reach the evaluator to be recorded (the test checks they do).
+    passed = [c for c in FIRST_LINES.fieldNames() if c not in silver.LINE_ORDER and c != EVENT_MS]
+    routed = valid.select(shard.alias("dedup_shard"), F.unix_millis("event_time").alias(EVENT_MS), *silver.LINE_ORDER, *passed)
+    processor = DedupProcessor(
+        silver.dedup_horizon_ms(), parse_duration(settings.cleanup_granularity), FIRST_LINES.fieldNames(), silver.ID_COLUMNS, silver.LINE_ORDER
     )
-    processor = DedupProcessor(silver.dedup_horizon_ms(), parse_duration(settings.cleanup_granularity), FIRST_LINES.fieldNames(), silver.ID_COLUMNS)
-    return routed.groupBy("dedup_shard").transformWithStateInPandas(processor, FIRST_LINES, "Append", "EventTime")
+    first = routed.groupBy("dedup_shard").transformWithStateInPandas(processor, FIRST_LINES, "Append", "EventTime")
+    return first.withColumn("event_time", F.timestamp_millis(EVENT_MS))
 
 
-# What the de-duplication passes on: silver's columns but its batch id and source file.
-FIRST_LINES = StructType([f for f in schema.SILVER.fields if f.name not in ("silver_batch_id", "source_file")])
+# What the de-duplication passes on: silver's columns but its batch id and source file, the event time in ms.
+FIRST_LINES = StructType([
+    StructField(EVENT_MS, LongType(), False) if f.name == "event_time" else f
+    for f in schema.SILVER.fields
+    if f.name not in ("silver_batch_id", "source_file")
+])
 
 
 def _rule_changes(spark: SparkSession, lakehouse: Lakehouse, settings: GoldSettings, continued: Continued) -> DataFrame:

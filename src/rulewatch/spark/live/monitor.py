@@ -293,9 +293,9 @@ class Monitor:
     def _gold_read_all(self) -> bool:
         """Gold's last report is past silver's newest commit; reading the source itself, it is where
         ingest's last report is in the topic."""
-        if self.direct:
-            read = {d: _offsets(o) for d, o in self.layers["ingest"].sources.items() if d.startswith("KafkaV2")}
-            return bool(read) and all(_offsets(self.layers["gold"].sources.get(d)) == o for d, o in read.items())
+        if self.direct:  # the queries' newest reports, not the last poll's: ingest may have read more since
+            ingest, gold = (_kafka_ends(query.lastProgress) for query in self.queries)
+            return bool(ingest) and all(gold.get(p, -1) >= end for p, end in ingest.items())
         return self.layers["gold"].has_read(self._silver_location, self._latest_version(self.lakehouse.silver_transactions))
 
     @cached_property
@@ -315,8 +315,14 @@ class Monitor:
         return self.layers["ingest"].rows >= landed_events and self._gold_read_all()
 
 
-def _offsets(offset: Any) -> Any:
-    return json.loads(offset) if isinstance(offset, str) else offset
+def _kafka_ends(progress: StreamingQueryProgress | None) -> dict[tuple[str, str], int]:
+    """(topic, partition) -> the end offset of a query's newest batch, from its progress report."""
+    ends: dict[tuple[str, str], int] = {}
+    for source in progress.sources if progress else []:
+        if source.description.startswith("KafkaV2") and source.endOffset:
+            offsets = json.loads(source.endOffset) if isinstance(source.endOffset, str) else source.endOffset
+            ends |= {(topic, p): int(end) for topic, parts in offsets.items() for p, end in parts.items()}
+    return ends
 
 
 def _alert(r: Row, decided: int) -> Alert:

@@ -60,8 +60,8 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
     direct = _direct_source(lakehouse, source, settings)
-    if direct and direct.starting_offsets == "latest":  # both queries from one point, or one would see lines the other never does
-        source = direct = direct.pinned()
+    if direct and direct.starting_offsets == "latest" and gold_source(lakehouse.checkpoint("gold")) is None:
+        source = direct = direct.pinned()  # a new gold and ingest from one point, or one would see lines the other never does
     reads = direct.identity if direct else "silver"
     check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout, source=reads)  # before ingest starts, not after
     check_source(lakehouse, source)

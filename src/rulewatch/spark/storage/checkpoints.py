@@ -209,10 +209,18 @@ RESCALED_FROM = "rescaled_from"  # the old shard count and its last batch, for p
 
 
 def gold_source(checkpoint: str) -> str | None:
-    """What a gold checkpoint that has run reads (``check_gold_layout``'s ``source``); None: not run yet."""
-    if not has_run(checkpoint):
-        return None
-    return gold_record(checkpoint).get(GOLD_SOURCE, "silver")
+    """What gold's checkpoint reads (``check_gold_layout``'s ``source``), as far as it says; None: a new one.
+
+    Its record's, once a start has written it; "silver" for one that planned a batch before records named
+    their source, and for a ``scheme://`` checkpoint, which keeps no record (there, only an explicit
+    choice reads the topic)."""
+    if "://" in checkpoint:
+        return "silver"
+    stored = gold_record(checkpoint).get(GOLD_SOURCE)
+    if stored is not None:
+        return stored
+    begun = has_run(checkpoint) or (Path(checkpoint, "offsets").exists() and last_planned_batch(checkpoint) >= 0)
+    return "silver" if begun else None
 
 
 def gold_record(checkpoint: str) -> dict:
