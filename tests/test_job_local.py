@@ -37,7 +37,7 @@ def test_bundle_job_runs_locally_and_matches_the_cli(spark, fixture_run, tmp_pat
             root=ROOT,
         )  # fmt: skip
     assert [(r.task_key, r.status) for r in results] == [("setup", "ok"), ("bronze", "ok"), ("silver", "ok"), ("gold", "ok")]
-    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 4, "state_slots": 8, "shard_partitions": 4}
+    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 4, "state_slots": 8, "shard_partitions": 4, "source": "silver"}
     assert [re.sub(r"\(\d+\.\d+s\)", "(Ns)", line) for line in lines[1:]] == [
         "[1/4] setup ... ok (Ns)",
         "[2/4] bronze ... ok (Ns)",
@@ -71,7 +71,7 @@ def test_the_live_job_runs_locally_and_raises_the_same_alerts(spark, fixture_run
         root=ROOT,
     )  # fmt: skip
     assert [(r.task_key, r.status) for r in results] == [("live", "ok")]
-    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 2, "state_slots": 4, "shard_partitions": 4}
+    assert json.loads((lakehouse / "_checkpoints" / "gold" / GOLD_LAYOUT).read_text()) == {"shards": 2, "state_slots": 4, "shard_partitions": 4, "source": "silver"}
     columns = ["rule_id", "rule_version", "group_key", "transaction_id", "event_time", "aggregate_value", "event_count"]
     assert_df_equality(
         spark.read.format("delta").load(str(lakehouse / "gold" / "alerts")).select(*columns),
