@@ -117,3 +117,24 @@ def test_another_shard_count_or_layout_is_refused_once_gold_has_run(spark, tmp_p
     assert "gold's checkpoint began with --shards 2; resuming with it" in capsys.readouterr().out
     assert len(sorted(bronze_commits.glob("*.json"))) > len(bronze_log)
     assert json.loads((Path(lakehouse.checkpoint("gold")) / GOLD_LAYOUT).read_text())["shards"] == 2
+
+
+def test_a_new_gold_reads_the_topic_by_default_over_kafka_on_the_spark_it_was_checked_on(tmp_path, monkeypatch):
+    import pyspark
+
+    from rulewatch.kafka.client import KafkaTopic
+    from rulewatch.kafka.source import KafkaSource
+    from rulewatch.spark.live.streams import LiveSettings, _direct_source
+
+    kafka = KafkaSource(KafkaTopic("127.0.0.1:9092", "payments"))
+    new = Lakehouse(str(tmp_path / "new"))
+    assert _direct_source(new, kafka, LiveSettings()) == kafka
+    assert _direct_source(new, str(tmp_path / "landing"), LiveSettings()) is None
+    assert _direct_source(new, kafka, LiveSettings(gold_from_source=False)) is None
+    with pytest.raises(ValueError, match="reads a Kafka topic"):
+        _direct_source(new, str(tmp_path / "landing"), LiveSettings(gold_from_source=True))
+    began = Lakehouse(str(tmp_path / "began"))  # a checkpoint keeps what it began with, whatever the default
+    _ran(Path(began.checkpoint("gold")), {"shards": 4, "state_slots": 0, "shard_partitions": 4})
+    assert _direct_source(began, kafka, LiveSettings()) is None
+    monkeypatch.setattr(pyspark, "__version__", "4.0.0")  # chained stateful operators not run there
+    assert _direct_source(new, kafka, LiveSettings()) is None and _direct_source(new, kafka, LiveSettings(gold_from_source=True)) == kafka

@@ -82,12 +82,23 @@ def _direct_source(lakehouse: Lakehouse, source: Source, settings: LiveSettings)
     wanted = settings.gold_from_source
     if wanted is None:
         began = gold_source(lakehouse.checkpoint("gold"))
-        wanted = isinstance(source, KafkaSource) if began is None else began != "silver"
+        wanted = isinstance(source, KafkaSource) and _chained_operators_checked() if began is None else began != "silver"
     if not wanted:
         return None
     if not isinstance(source, KafkaSource):
         raise ValueError("gold straight from the source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic, or --gold-source silver")
     return source
+
+
+# Gold from the topic chains two transformWithStateInPandas operators, run here on pyspark 4.2 only: on an
+# older line (Databricks Runtime 17.x is Spark 4.0) a new gold reads silver unless told otherwise.
+TOPIC_BY_DEFAULT_FROM = (4, 2)
+
+
+def _chained_operators_checked() -> bool:
+    import pyspark
+
+    return tuple(int(part) for part in pyspark.__version__.split(".")[:2]) >= TOPIC_BY_DEFAULT_FROM
 
 
 def stop_streams(streams: Streams) -> None:
