@@ -127,14 +127,12 @@ def test_a_new_gold_reads_the_topic_by_default_over_kafka_on_the_spark_it_was_ch
     from rulewatch.spark.live.streams import LiveSettings, _direct_source
 
     kafka = KafkaSource(KafkaTopic("127.0.0.1:9092", "payments"))
-    new = Lakehouse(str(tmp_path / "new"))
-    assert _direct_source(new, kafka, LiveSettings()) == kafka
-    assert _direct_source(new, str(tmp_path / "landing"), LiveSettings()) is None
-    assert _direct_source(new, kafka, LiveSettings(gold_from_source=False)) is None
+    assert _direct_source(kafka, LiveSettings(), None) == kafka
+    assert _direct_source(str(tmp_path / "landing"), LiveSettings(), None) is None
+    assert _direct_source(kafka, LiveSettings(gold_from_source=False), None) is None
     with pytest.raises(ValueError, match="reads a Kafka topic"):
-        _direct_source(new, str(tmp_path / "landing"), LiveSettings(gold_from_source=True))
-    began = Lakehouse(str(tmp_path / "began"))  # a checkpoint keeps what it began with, whatever the default
-    _ran(Path(began.checkpoint("gold")), {"shards": 4, "state_slots": 0, "shard_partitions": 4})
-    assert _direct_source(began, kafka, LiveSettings()) is None
+        _direct_source(str(tmp_path / "landing"), LiveSettings(gold_from_source=True), None)
+    began = _ran(tmp_path / "began", {"shards": 4, "state_slots": 0, "shard_partitions": 4})  # a checkpoint keeps what it began with
+    assert _direct_source(kafka, LiveSettings(), gold_source(str(began))) is None
     monkeypatch.setattr(pyspark, "__version__", "4.0.0")  # chained stateful operators not run there
-    assert _direct_source(new, kafka, LiveSettings()) is None and _direct_source(new, kafka, LiveSettings(gold_from_source=True)) == kafka
+    assert _direct_source(kafka, LiveSettings(), None) is None and _direct_source(kafka, LiveSettings(gold_from_source=True), None) == kafka

@@ -38,6 +38,7 @@ from pyspark.serializers import pickle_protocol as _PROTOCOL
 from pyspark.sql.types import BinaryType, BooleanType, DoubleType, IntegerType, LongType, StringType, StructType
 
 from rulewatch.spark.runtime.env import switched_off
+from rulewatch.spark.runtime.jars import pyspark_line
 
 PIPELINE_ENV = "RULEWATCH_STATE_PIPELINE"
 
@@ -370,8 +371,7 @@ def _module_problem() -> str | None:
     (checked once per process)."""
     import pyspark
 
-    version = tuple(int(part) for part in pyspark.__version__.split(".")[:2])
-    if version < MIN_PYSPARK:
+    if pyspark_line() < MIN_PYSPARK:
         return f"pipelining is verified on pyspark {'.'.join(map(str, MIN_PYSPARK))} and newer, this is {pyspark.__version__}"
     try:
         import pyspark.sql.streaming.proto.StateMessage_pb2 as proto

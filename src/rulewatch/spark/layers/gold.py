@@ -156,6 +156,11 @@ def _first_lines(bronze: DataFrame, settings: GoldSettings, lateness_ms: int) ->
     return first.withColumn("event_time", F.timestamp_millis(EVENT_MS))
 
 
+def gold_reads(source: KafkaSource | None) -> str:
+    """What gold's checkpoint records it reads (``checkpoints.check_gold_layout``): silver, or the topic's identity."""
+    return source.identity if source else "silver"
+
+
 # What the de-duplication passes on: silver's columns but its batch id and source file, the event time in ms.
 FIRST_LINES = StructType([
     StructField(EVENT_MS, LongType(), False) if f.name == "event_time" else f
@@ -492,8 +497,7 @@ def start_gold(
     # New checkpoints spread their shards over the partitions the query starts with; a resumed one
     # keeps its record's (Spark keeps the checkpoint's partition count, and its state the labels).
     partitions = int(spark.conf.get(SHUFFLE_PARTITIONS) or 0)
-    reads = source.identity if source else "silver"
-    spread = check_gold_layout(checkpoint, settings.layout, partitions, rescaling=initial_state is not None, source=reads)
+    spread = check_gold_layout(checkpoint, settings.layout, partitions, rescaling=initial_state is not None, source=gold_reads(source))
     settings = replace(settings, shard_partitions=spread)
     holder: dict = {}
     totals = _state_totals_of(holder)

@@ -18,12 +18,13 @@ from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.layers.bronze import Source, check_source
 from rulewatch.spark.storage.checkpoints import check_gold_layout, check_queries, gold_source
-from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, start_gold
+from rulewatch.spark.layers.gold import SHUFFLE_PARTITIONS, GoldSettings, gold_reads, start_gold
 from rulewatch.spark.layers.ingest import start_ingest
 from rulewatch.kafka.health import Watch
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.spark.storage.metrics import Recorder, flush_pending
+from rulewatch.spark.runtime.jars import pyspark_line
 from rulewatch.spark.runtime.session import is_connect, session_confs
 from rulewatch.spark.live.monitor import LAYERS, AlertFeed, Log, Monitor, _monitor, _show, follow
 
@@ -59,11 +60,11 @@ class Streams:
 def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> Streams:
     """Ingest and gold as continuous queries, in data-flow order (the tables must exist: ``ensure_all_tables``)."""
     check_queries(lakehouse, "ingest", "gold", spark=spark)  # a lost checkpoint would silently skip data
-    direct = _direct_source(lakehouse, source, settings)
-    if direct and direct.starting_offsets == "latest" and gold_source(lakehouse.checkpoint("gold")) is None:
+    began = gold_source(lakehouse.checkpoint("gold"))
+    direct = _direct_source(source, settings, began)
+    if direct and direct.starting_offsets == "latest" and began is None:
         source = direct = direct.pinned()  # a new gold and ingest from one point, or one would see lines the other never does
-    reads = direct.identity if direct else "silver"
-    check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout, source=reads)  # before ingest starts, not after
+    check_gold_layout(lakehouse.checkpoint("gold"), settings.gold.layout, source=gold_reads(direct))  # before ingest starts, not after
     check_source(lakehouse, source)
     partitions = {SHUFFLE_PARTITIONS: str(settings.shuffle_partitions)} if settings.shuffle_partitions else {}
     recorders = [Recorder.gathered(lakehouse, query, settings.metrics_every) for query in LAYERS]
@@ -77,12 +78,12 @@ def start_streams(spark: SparkSession, lakehouse: Lakehouse, source: Source, set
         return Streams(spark, [ingest, gold], recorders, feed, direct is not None)
 
 
-def _direct_source(lakehouse: Lakehouse, source: Source, settings: LiveSettings) -> KafkaSource | None:
-    """The Kafka source gold reads itself, or None: gold reads silver (``LiveSettings.gold_from_source``)."""
+def _direct_source(source: Source, settings: LiveSettings, began: str | None) -> KafkaSource | None:
+    """The Kafka source gold reads itself, or None: gold reads silver (``LiveSettings.gold_from_source``;
+    ``began``: what gold's checkpoint reads, ``checkpoints.gold_source``)."""
     wanted = settings.gold_from_source
     if wanted is None:
-        began = gold_source(lakehouse.checkpoint("gold"))
-        wanted = isinstance(source, KafkaSource) and _chained_operators_checked() if began is None else began != "silver"
+        wanted = isinstance(source, KafkaSource) and pyspark_line() >= TOPIC_BY_DEFAULT_FROM if began is None else began != "silver"
     if not wanted:
         return None
     if not isinstance(source, KafkaSource):
@@ -93,12 +94,6 @@ def _direct_source(lakehouse: Lakehouse, source: Source, settings: LiveSettings)
 # Gold from the topic chains two transformWithStateInPandas operators, run here on pyspark 4.2 only: on an
 # older line (Databricks Runtime 17.x is Spark 4.0) a new gold reads silver unless told otherwise.
 TOPIC_BY_DEFAULT_FROM = (4, 2)
-
-
-def _chained_operators_checked() -> bool:
-    import pyspark
-
-    return tuple(int(part) for part in pyspark.__version__.split(".")[:2]) >= TOPIC_BY_DEFAULT_FROM
 
 
 def stop_streams(streams: Streams) -> None:

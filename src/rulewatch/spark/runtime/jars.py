@@ -25,6 +25,14 @@ DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_MINOR}_2.13:{DELTA_VERSION}"
 KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
 PACKAGES = (DELTA_PACKAGE, KAFKA_CONNECTOR)
 
+
+
+def pyspark_line() -> tuple[int, int]:
+    """The running pyspark's major and minor version, read at each call."""
+    major, minor = pyspark.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 _VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?\.jar$")
 
 
