@@ -1,7 +1,8 @@
 """Live mode under SIGKILL: `rulewatch stream` killed and restarted ends where the batch job ends.
 
 The same generated lines as test_crash.py, from a landing folder or a Kafka topic, through the live
-queries (ingest: bronze + silver in one micro-batch; gold). Attempts are killed inside the ingest
+queries (ingest: bronze + silver in one micro-batch; gold, from silver's table or, over Kafka, from the
+topic itself with silver's de-duplication as its own state). Attempts are killed inside the ingest
 batch (silver committed, the metrics row not; bronze, quarantine and duplicates maybe), inside a gold batch (from Kafka
 after its alerts were published and appended; from files after its metrics row was kept in a file
 for a later commit), and at a random moment; the last attempt runs until drained. Alerts must
@@ -18,6 +19,7 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,67 +51,59 @@ def _stream(lakehouse: Lakehouse, source: list[str], seconds: float, crash_at: s
     return run_cli(_arguments(lakehouse, source, seconds), crash_at, kill_after, timeout=seconds + 300)
 
 
-@pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka), pytest.param("kafka-direct", marks=pytest.mark.kafka)])
-def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None]:
-    """The stream's source options, and the alerts topic it publishes to (Kafka only). ``kafka``: gold reads
-    silver (``--gold-source silver``); ``kafka-direct``: the topic itself, a new gold's default over Kafka,
-    its de-duplication state killed and restarted with it."""
+@pytest.fixture(params=["files", pytest.param("kafka", marks=pytest.mark.kafka)])
+def source(request, tmp_path) -> tuple[list[str], KafkaTopic | None, Callable[[], None]]:
+    """The stream's source options, the alerts topic it publishes to (Kafka only), and what lands the rest
+    of the lines after the first kill. From the landing folder gold reads silver; from Kafka it reads the
+    topic itself (a new gold's default there), its de-duplication state killed and restarted with it, and
+    the topic holds the first file alone until the first kill, so gold's kill below has lines of its own
+    to come (gold and ingest read the topic side by side)."""
+    files = crash_files()
     if request.param == "files":
-        for name, lines in crash_files():
+        for name, lines in files:
             land(tmp_path / "landing", name, lines)
-        return ["--landing", str(tmp_path / "landing")], None
+        return ["--landing", str(tmp_path / "landing")], None, lambda: None
     bootstrap = request.getfixturevalue("kafka_broker")
     topic = KafkaTopic(bootstrap, f"live-crash-{uuid.uuid4().hex[:8]}")
     ensure_topic(topic, partitions=1)  # the files' order, so first-wins matches the job's
-    send_all(topic, [line for _, lines in crash_files() for line in lines])
+    send_all(topic, files[0][1])
     alerts = KafkaTopic(bootstrap, f"live-crash-alerts-{uuid.uuid4().hex[:8]}")
     ensure_topic(alerts)
-    gold_source = ["--gold-source", "silver"] if request.param == "kafka" else []
-    return ["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic, *gold_source], alerts
+    return (["--kafka-bootstrap", bootstrap, "--kafka-topic", topic.topic, "--alerts-topic", alerts.topic], alerts,
+            lambda: send_all(topic, [line for _, lines in files[1:] for line in lines]))  # fmt: skip
 
 
 def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark, uninterrupted, source, tmp_path):
     expected_lakehouse, landed = uninterrupted, sum(len(lines) for _, lines in crash_files())
-    options, alerts_topic = source
-    direct = alerts_topic is not None and "--gold-source" not in options
+    options, alerts_topic, land_the_rest = source
     lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
     kills = []
     started = time.monotonic()
 
-    def next_gold_batch() -> int:
-        return last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
-
-    # Gold reads silver's table (or, direct, the same lines from the topic), so each source takes one of
-    # gold's two points: Kafka the one after the batch's alerts were published and appended (its replay
-    # publishes them again), the landing folder the later one, after the metrics row was kept in a file.
+    # Silver committed inside the first ingest batch; the metrics row not, and bronze, quarantine and
+    # duplicates (written at the same time) maybe. Bronze's append has the same sink name as silver's,
+    # so the point names the table: a kill after bronze alone left gold's batch 0 free to run before
+    # the restart's ingest wrote silver, with no alert for the gold kill below to publish.
+    assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions@silver/transactions:0:after") == -signal.SIGKILL
+    assert newest_committed_batch(lakehouse.silver_transactions, "rulewatch.ingest.transactions") == 0
+    kills.append("ingest batch 0 after silver")
+    reached = time.monotonic() - started
+    land_the_rest()
+    # Inside gold's next batch, while its lines are still to evaluate, so this kill comes whatever the
+    # random one below leaves: from files gold's lines are silver's batch 0, from Kafka the lines just sent.
+    # Kafka takes the point after the batch's alerts were published and appended (its replay publishes
+    # them again), the landing folder the later one, after the metrics row was kept in a file.
     gold_point = "rulewatch.gold.alerts:{}:after" if alerts_topic else "rulewatch.metrics.gold:{}:kept"
-    if direct:
-        # Gold's first batch reads every line from the topic itself, alerts included, so its kill comes
-        # first (with the de-duplication state); the ingest kill is [kafka]'s, the same code.
-        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(0)) == -signal.SIGKILL
-        kills.append(gold_point.format(0))
-        reached = time.monotonic() - started
-    else:
-        # Silver committed inside the first ingest batch; the metrics row not, and bronze, quarantine and
-        # duplicates (written at the same time) maybe. Bronze's append has the same sink name as silver's,
-        # so the point names the table: a kill after bronze alone left gold's batch 0 free to run before
-        # the restart's ingest wrote silver, with no alert for the gold kill below to publish.
-        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at="rulewatch.ingest.transactions@silver/transactions:0:after") == -signal.SIGKILL
-        assert newest_committed_batch(lakehouse.silver_transactions, "rulewatch.ingest.transactions") == 0
-        kills.append("ingest batch 0 after silver")
-        reached = time.monotonic() - started
-        # Inside gold's first batch, while its lines are still to evaluate, so this kill comes whatever the
-        # random one below leaves.
-        gold_batch = next_gold_batch()
-        assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(gold_batch)) == -signal.SIGKILL
-        kills.append(gold_point.format(gold_batch))
+    gold_batch = last_planned_batch(lakehouse.checkpoint("gold")) + 1 if Path(lakehouse.checkpoint("gold")).exists() else 0
+    assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(gold_batch)) == -signal.SIGKILL
+    kills.append(gold_point.format(gold_batch))
     seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached
     if _stream(lakehouse, options, DRAIN_SECONDS, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
     # The restart after the kills in this process, on the tests' session: it resumes from what is on disk, as a new process would.
     assert main(_arguments(lakehouse, options, DRAIN_SECONDS)) == 0
 
-    assert len(kills) >= (1 if direct else 2), kills
+    assert len(kills) >= 2, kills
     # Every gold batch the checkpoint committed has its metrics row, once (none left in a file).
     metrics = spark.read.format("delta").load(lakehouse.pipeline_metrics).where("layer = 'gold'")
     committed = max(int(p.name) for p in Path(lakehouse.checkpoint("gold"), "commits").iterdir() if p.name.isdigit())
