@@ -57,8 +57,9 @@ STAMP40 := $(VENV40)/.rulewatch-installed
 # settings (a class they name moved after 4.0); the engine's own tests are plain Python and need no second run.
 # The state path on classic Spark only: pyspark 4.0's Spark Connect client has no
 # transformWithStateInPandas (it came to Connect in 4.1), so Connect runs on the main leg alone.
+# Gold straight from a Kafka topic (two chained stateful operators, the live default there) against gold from silver.
 SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py tests/test_session.py \
-	tests/test_packing.py tests/test_state_batch.py::test_spark_python_workers_take_the_pipelined_path[classic]
+	tests/test_packing.py tests/test_state_batch.py::test_spark_python_workers_take_the_pipelined_path[classic] tests/test_gold_from_source.py
 
 setup-spark40: $(STAMP40)
 
@@ -66,7 +67,7 @@ $(STAMP40): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV40)
 	$(VENV40)/bin/python -m pip install --quiet --upgrade pip
 	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt
-	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev,remote]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33'
+	$(VENV40)/bin/python -m pip install --quiet -c $(VENV40)/constraints.txt -e '.[dev,remote]' 'pyspark[connect]==4.0.0' 'protobuf>=6.33' confluent-kafka
 	$(VENV40)/bin/python -m pip install --quiet --no-deps delta-spark==4.4.0
 	$(VENV40)/bin/python -m rulewatch.cli.setup
 	touch $(STAMP40)

@@ -24,7 +24,6 @@ from rulewatch.kafka.health import Watch
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.spark.storage.metrics import Recorder, flush_pending
-from rulewatch.spark.runtime.jars import pyspark_line
 from rulewatch.spark.runtime.session import is_connect, session_confs
 from rulewatch.spark.live.monitor import LAYERS, AlertFeed, Log, Monitor, _monitor, _show, follow
 
@@ -83,17 +82,12 @@ def _direct_source(source: Source, settings: LiveSettings, began: str | None) ->
     ``began``: what gold's checkpoint reads, ``checkpoints.gold_source``)."""
     wanted = settings.gold_from_source
     if wanted is None:
-        wanted = isinstance(source, KafkaSource) and pyspark_line() >= TOPIC_BY_DEFAULT_FROM if began is None else began != "silver"
+        wanted = isinstance(source, KafkaSource) if began is None else began != "silver"
     if not wanted:
         return None
     if not isinstance(source, KafkaSource):
         raise ValueError("gold straight from the source reads a Kafka topic: give --kafka-bootstrap and --kafka-topic, or --gold-source silver")
     return source
-
-
-# Gold from the topic chains two transformWithStateInPandas operators, run here on pyspark 4.2 only: on an
-# older line (Databricks Runtime 17.x is Spark 4.0) a new gold reads silver unless told otherwise.
-TOPIC_BY_DEFAULT_FROM = (4, 2)
 
 
 def stop_streams(streams: Streams) -> None:
