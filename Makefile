@@ -63,7 +63,7 @@ SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test
 
 setup-spark40: $(STAMP40)
 
-$(STAMP40): pyproject.toml requirements.lock
+$(STAMP40): pyproject.toml requirements.lock Makefile  # this recipe's own packages too (confluent-kafka came later)
 	$(PYTHON) -m venv $(VENV40)
 	$(VENV40)/bin/python -m pip install --quiet --upgrade pip
 	grep -v -e '^pyspark' -e '^delta' requirements.lock > $(VENV40)/constraints.txt

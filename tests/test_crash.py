@@ -1,12 +1,14 @@
 """Exactly-once under SIGKILL: a run killed at any point and restarted ends where an uninterrupted run ends.
 
-One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over three landed files. Each
-attempt but the last per file is killed: at fixed points inside the idempotent writes (the
-``RULEWATCH_CRASH_AT`` hook in spark/storage/sinks.py; the kill between two gold tables of one
-micro-batch is test_kafka_pipeline's, the same command over the same gold) and once at a random
-wall-clock moment. The result must equal an uninterrupted in-process run over the same files
-(conftest's ``uninterrupted``, which test_live_crash's streams must equal too). The
-checkpoint checks (spark/storage/checkpoints.py) are tested on copies of the crashed lakehouse.
+One lakehouse is driven by ``python -m rulewatch.cli.main run`` subprocesses over three landed files, each
+attempt killed: at fixed points inside the idempotent writes (the ``RULEWATCH_CRASH_AT`` hook in
+spark/storage/sinks.py; the kill between two gold tables of one micro-batch is test_kafka_pipeline's, the
+same command over the same gold) and once at a random wall-clock moment, each later attempt resuming what
+the kill before it left; a run in the test process finishes after the last kill (and after the random one
+when it came before gold planned a batch, so that gold's kill is in a later batch). The result must equal
+an uninterrupted in-process run over the same files (conftest's ``uninterrupted``, which
+test_live_crash's streams must equal too). The checkpoint checks (spark/storage/checkpoints.py) are
+tested on copies of the crashed lakehouse.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def crashed(spark, uninterrupted, tmp_path_factory) -> Crashed:
     seconds = random.Random(time.time_ns()).uniform(0.2, 1.3) * reached
     if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
+    if _next_gold_batch(lakehouse) == 0:  # the random kill came before gold planned: the next kill is to be in a later batch
+        assert finish(lakehouse, ["--landing", str(landing)]) == 0
 
     # Each later attempt first resumes what the kill before it left (a gold batch planned by the killed
     # attempt is replayed before the next is planned), then reads the file landed for it.
