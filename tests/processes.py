@@ -22,6 +22,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from rulewatch.cli.main import main
+from rulewatch.spark.storage.checkpoints import last_planned_batch
 from rulewatch.spark.storage.delta_log import sink_batches
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.sinks import CRASH_AT_ENV
@@ -131,6 +132,11 @@ def attempt(
 ) -> int:
     """One ``rulewatch run`` over ``source`` (its options); returns its exit code (-9 when killed)."""
     return run_cli(["run", "--lakehouse", lakehouse.root, *source, "--rules", RULES, *extra], crash_at, kill_after, output=output)
+
+
+def next_batch(lakehouse: Lakehouse, query: str) -> int:
+    """The id of ``query``'s next new micro-batch: one past the newest it planned (a planned batch is replayed first)."""
+    return last_planned_batch(lakehouse.checkpoint(query)) + 1
 
 
 def finish(lakehouse: Lakehouse, source: list[str], extra: list[str] = ()) -> int:

@@ -33,17 +33,13 @@ from rulewatch.spark.layers.pipeline import run_bronze, run_gold, run_silver, su
 from rulewatch.spark.storage.sinks import append_once
 from rulewatch.spark.storage.tables import ensure_table
 
-from processes import RULES, attempt, crash_files, decided_alerts, finish, land, metrics_commits
+from processes import RULES, attempt, crash_files, decided_alerts, finish, land, metrics_commits, next_batch
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
 
 
 def _attempt(lakehouse: Lakehouse, landing: Path, crash_at: str | None = None, kill_after: float | None = None, output: list[str] | None = None) -> int:
     return attempt(lakehouse, ["--landing", str(landing)], crash_at, kill_after, output=output)
-
-
-def _next_gold_batch(lakehouse: Lakehouse) -> int:
-    return last_planned_batch(lakehouse.checkpoint("gold")) + 1
 
 
 @dataclass
@@ -75,20 +71,20 @@ def crashed(spark, uninterrupted, tmp_path_factory) -> Crashed:
     seconds = random.Random(time.time_ns()).uniform(0.2, 1.3) * reached
     if _attempt(lakehouse, landing, kill_after=seconds) == -signal.SIGKILL:
         kills.append(f"random kill after {seconds:.0f}s")
-    if _next_gold_batch(lakehouse) == 0:  # the random kill came before gold planned: the next kill is to be in a later batch
+    if next_batch(lakehouse, "gold") == 0:  # the random kill came before gold planned: the next kill is to be in a later batch
         assert finish(lakehouse, ["--landing", str(landing)]) == 0
 
     # Each later attempt first resumes what the kill before it left (a gold batch planned by the killed
     # attempt is replayed before the next is planned), then reads the file landed for it.
     land(landing, part2, lines2)
-    point = f"rulewatch.gold.alerts:{_next_gold_batch(lakehouse)}:before"  # a later micro-batch, nothing written yet
+    point = f"rulewatch.gold.alerts:{next_batch(lakehouse, 'gold')}:before"  # a later micro-batch, nothing written yet
     assert _attempt(lakehouse, landing, crash_at=point) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)
 
     land(landing, part3, lines3)
     # Every layer ran a batch: their metrics rows are appended in one commit at the run's end, named
     # by bronze's batch; the kill comes after it commits, before the kept files are removed.
-    point = f"rulewatch.metrics.bronze:{last_planned_batch(lakehouse.checkpoint('bronze')) + 1}:after"
+    point = f"rulewatch.metrics.bronze:{next_batch(lakehouse, 'bronze')}:after"
     printed: list[str] = []
     assert _attempt(lakehouse, landing, crash_at=point, output=printed) == -signal.SIGKILL, f"crash point {point} was not reached"
     kills.append(point)

@@ -26,7 +26,6 @@ import pytest
 
 from conftest import consume_all
 from rulewatch.cli.main import main
-from rulewatch.spark.storage.checkpoints import last_planned_batch
 from rulewatch.spark.storage.delta_log import newest_committed_batch
 from rulewatch.kafka.alerts import records
 from rulewatch.kafka.client import KafkaTopic, ensure_topic
@@ -34,7 +33,7 @@ from rulewatch.kafka.produce import send_all
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import PENDING
 from rulewatch.spark.layers.pipeline import summarize
-from processes import RULES, crash_files, decided_alerts, land, run_cli
+from processes import RULES, crash_files, decided_alerts, land, next_batch, run_cli
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
 
@@ -96,7 +95,7 @@ def test_live_mode_killed_and_restarted_gives_the_jobs_alerts_exactly_once(spark
     send_the_rest()
     # Inside gold's next batch (a batch the killed attempt planned is replayed first), while its lines are
     # still to evaluate, so this kill comes whatever the random one below leaves.
-    gold_batch = last_planned_batch(lakehouse.checkpoint("gold")) + 1
+    gold_batch = next_batch(lakehouse, "gold")
     assert _stream(lakehouse, options, DRAIN_SECONDS, crash_at=gold_point.format(gold_batch)) == -signal.SIGKILL
     kills.append(gold_point.format(gold_batch))
     seconds = random.Random(time.time_ns()).uniform(0.5, 1.5) * reached

@@ -38,7 +38,7 @@ from pyspark.serializers import pickle_protocol as _PROTOCOL
 from pyspark.sql.types import BinaryType, BooleanType, DoubleType, IntegerType, LongType, StringType, StructType
 
 from rulewatch.spark.runtime.env import switched_off
-from rulewatch.spark.runtime.jars import pyspark_line
+from rulewatch.spark.runtime.jars import SPARK_LINE
 
 PIPELINE_ENV = "RULEWATCH_STATE_PIPELINE"
 
@@ -371,7 +371,7 @@ def _module_problem() -> str | None:
     (checked once per process)."""
     import pyspark
 
-    if pyspark_line() < MIN_PYSPARK:
+    if SPARK_LINE < MIN_PYSPARK:
         return f"pipelining is verified on pyspark {'.'.join(map(str, MIN_PYSPARK))} and newer, this is {pyspark.__version__}"
     try:
         import pyspark.sql.streaming.proto.StateMessage_pb2 as proto

@@ -19,19 +19,12 @@ import pyspark
 from rulewatch.spark.runtime.env import cache_home
 
 DELTA_VERSION = "4.4.0"
-SPARK_MINOR = ".".join(pyspark.__version__.split(".")[:2])
+SPARK_LINE = tuple(int(part) for part in pyspark.__version__.split(".")[:2])  # (major, minor)
+SPARK_MINOR = ".".join(map(str, SPARK_LINE))
 DELTA_PACKAGE = f"io.delta:delta-spark_{SPARK_MINOR}_2.13:{DELTA_VERSION}"
 # Spark's own Kafka source and sink, at the Spark version itself (Databricks runtimes ship it).
 KAFKA_CONNECTOR = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
 PACKAGES = (DELTA_PACKAGE, KAFKA_CONNECTOR)
-
-
-
-def pyspark_line() -> tuple[int, int]:
-    """The running pyspark's major and minor version, read at each call."""
-    major, minor = pyspark.__version__.split(".")[:2]
-    return int(major), int(minor)
-
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.]*(?:-\d+)?\.jar$")
 
