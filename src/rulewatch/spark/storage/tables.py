@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
+from rulewatch.spark.storage import first_commit
 from rulewatch.spark.storage.delta_log import UNREADABLE, column_names, live_files, may_hold, table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
@@ -182,10 +183,13 @@ def ensure_table(
     props = {"delta.appendOnly": "false", "delta.checkpointInterval": str(CHECKPOINT_INTERVAL), **stats, **(properties or {})}
     tbl_props = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
     comment_sql = f" COMMENT {sql_string(comment)}" if comment else ""
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {table_ref(table)} ({_ddl(schema)}) USING delta{comment_sql} "
-        f"TBLPROPERTIES ({tbl_props})"
-    )
+
+    def statement(ref: str) -> str:
+        return f"CREATE TABLE IF NOT EXISTS {ref} ({_ddl(schema)}) USING delta{comment_sql} TBLPROPERTIES ({tbl_props})"
+
+    if first_commit.create(spark, table, statement):
+        return
+    spark.sql(statement(table_ref(table)))
     # A table made by an earlier release lacks the columns added since: add them (null for old rows).
     existing = set(read(spark, table).columns)
     missing = [f for f in schema.fields if f.name not in existing]
