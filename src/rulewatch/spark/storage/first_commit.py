@@ -1,7 +1,7 @@
 """A new path table created by writing the first commit Delta wrote for the same statement aside.
 
-A CREATE TABLE costs a SQL statement and Delta's commit path: a fresh lakehouse's 14 tables took
-1.1-1.4 s of a warm session and 4.7-6 s of a new process's (docs/testing.md), paid by every test,
+A CREATE TABLE costs a SQL statement and Delta's commit path: a fresh lakehouse's 12 tables took
+1.1-1.8 s of a warm session and 4.7 s of a new process's (docs/testing.md), paid by every test,
 notebook and first run on a new lakehouse. The first commit of a new path table holds only its protocol,
 its metadata and the commit's info, which depend on the statement, the Spark and Delta releases and the
 session's Delta settings alone. So Delta makes it once, for a table in a folder aside, and it is kept (in
