@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from rulewatch.spark.storage import first_commit
+from rulewatch.spark.storage.lakehouse import table_ref
 from rulewatch.spark.storage.tables import ensure_table
 
 SCHEMA = StructType([StructField("id", LongType(), False), StructField("note", StringType(), metadata={"comment": "a note"})])
@@ -93,7 +94,7 @@ def test_a_folder_with_anything_in_it_is_left_to_delta(spark, tmp_path, kept_in)
     assert not (folder / "_delta_log").exists()
 
 
-def test_a_commit_another_creator_put_first_stands(spark, tmp_path, kept_in, monkeypatch):
+def test_a_table_another_creator_put_first_stands(spark, tmp_path, kept_in, monkeypatch):
     table = tmp_path / "t"
     statement = lambda ref: f"CREATE TABLE IF NOT EXISTS {ref} (id BIGINT) USING delta"  # noqa: E731
     made = first_commit._made_for(spark, statement)
@@ -106,15 +107,85 @@ def test_a_commit_another_creator_put_first_stands(spark, tmp_path, kept_in, mon
 
     monkeypatch.setattr(first_commit, "_made_for", racing)
     assert not first_commit.create(spark, str(table), statement)
-    assert [p.name for p in (table / "_delta_log").iterdir() if p.is_file()] == [first_commit.COMMIT_0]
+    assert [p.name for p in (table / "_delta_log").iterdir()] == [first_commit.COMMIT_0]
     assert (table / "_delta_log" / first_commit.COMMIT_0).read_text() == theirs
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing of its own put left
 
 
-def test_a_kept_commit_that_is_not_one_leaves_the_table_to_delta(spark, tmp_path, kept_in, monkeypatch):
+def test_a_kept_commit_this_cannot_use_is_made_again(spark, tmp_path, kept_in, monkeypatch):
     ensure_table(spark, str(tmp_path / "a"), SCHEMA)
     (kept,) = kept_in.glob("*.json")
     kept.write_text(json.dumps({"commit": [{"add": {}}], "checksum": {}}))
     monkeypatch.setattr(first_commit, "_made", {})
-    ensure_table(spark, str(tmp_path / "b"), SCHEMA)  # through SQL: Delta's own commit, no checksum beside it
+    ensure_table(spark, str(tmp_path / "b"), SCHEMA)
     assert _shared(_commit_0(str(tmp_path / "b"))) == _shared(_commit_0(str(tmp_path / "a")))
-    assert not Path(tmp_path, "b", "_delta_log", first_commit.CHECKSUM_0).exists()
+    assert json.loads(kept.read_text())["commit"] != [{"add": {}}]
+
+
+def _without_own(checksum: dict) -> dict:
+    return {**checksum, "txnId": None, "metadata": {k: v for k, v in checksum["metadata"].items() if k not in OWN["metaData"]}}
+
+
+def test_the_checksum_is_the_one_delta_writes_and_spares_the_first_read_a_job(spark, tmp_path, kept_in, monkeypatch):
+    statements = []
+    create = first_commit.create
+    monkeypatch.setattr(first_commit, "create", lambda s, table, statement: statements.append(statement) or create(s, table, statement))
+    ensure_table(spark, str(tmp_path / "copied"), SCHEMA, "notes", properties=CDF)
+    by_delta = spark.newSession()  # Delta's own checksum, from the same statement
+    by_delta.conf.set("spark.databricks.delta.writeChecksumFile.enabled", "true")
+    by_delta.sql(statements[0](table_ref(str(tmp_path / "by_delta"))))
+    copied, theirs = (json.loads(Path(tmp_path, t, "_delta_log", first_commit.CHECKSUM_0).read_text()) for t in ("copied", "by_delta"))
+    assert _without_own(copied) == _without_own(theirs)
+    assert copied["metadata"]["id"] == _commit_0(str(tmp_path / "copied"))["metaData"]["id"] != theirs["metadata"]["id"]
+
+    def jobs_of_first_read(table: str) -> int:
+        group = f"first-read-{table}"
+        spark.sparkContext.setJobGroup(group, group)
+        try:
+            spark.read.format("delta").load(table).schema
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+    ensure_table(spark, str(tmp_path / "bare"), SCHEMA, "notes", properties=CDF)
+    Path(tmp_path, "bare", "_delta_log", first_commit.CHECKSUM_0).unlink()  # as an older copy of this module wrote it
+    assert jobs_of_first_read(str(tmp_path / "copied")) == 0 < jobs_of_first_read(str(tmp_path / "bare"))
+
+
+def test_a_table_that_holds_values_of_its_own_is_left_to_delta(spark, tmp_path, kept_in):
+    """Column mapping names each column physically per table: a copy would give two tables one name."""
+    mapped = {"delta.columnMapping.mode": "name"}
+    for name in ("a", "b"):
+        ensure_table(spark, str(tmp_path / name), SCHEMA, properties=mapped)
+    physical = [
+        [f["metadata"]["delta.columnMapping.physicalName"] for f in json.loads(_commit_0(str(tmp_path / n))["metaData"]["schemaString"])["fields"]]
+        for n in ("a", "b")
+    ]
+    assert len(set(physical[0]) | set(physical[1])) == 4
+    assert not list(kept_in.glob("*.json"))  # nothing kept for it: the next process tries again
+
+
+def test_a_session_s_sql_settings_shape_the_commit(spark, tmp_path, kept_in):
+    stamped = StructType([StructField("at", TimestampType())])
+    ensure_table(spark, str(tmp_path / "plain"), stamped)
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    try:
+        ensure_table(spark, str(tmp_path / "ntz"), stamped)
+    finally:
+        spark.conf.unset("spark.sql.timestampType")
+    types = [json.loads(_commit_0(str(tmp_path / t))["metaData"]["schemaString"])["fields"][0]["type"] for t in ("plain", "ntz")]
+    assert types == ["timestamp", "timestamp_ntz"]
+
+
+def test_a_put_that_fails_leaves_no_half_table_and_the_table_to_delta(spark, tmp_path, kept_in, monkeypatch):
+    """Had the log's folder been made in place, Delta's CREATE TABLE IF NOT EXISTS would take it as a table."""
+
+    def refused(*_):
+        raise PermissionError("refused")
+
+    monkeypatch.setattr(first_commit.os, "rename", refused)
+    ensure_table(spark, str(tmp_path / "t"), SCHEMA)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the folder written aside is gone
+    assert (tmp_path / "t" / "_delta_log" / first_commit.COMMIT_0).exists()
+    assert not (tmp_path / "t" / "_delta_log" / first_commit.CHECKSUM_0).exists()  # Delta's own commit
+    assert spark.read.format("delta").load(str(tmp_path / "t")).schema.fieldNames() == ["id", "note"]
