@@ -45,7 +45,9 @@ def fan_out(events: DataFrame, keyset_rows: DataFrame, labels: list[int]) -> Dat
     valid, keyset, present, group_key, shard = _routing_columns(type(events.sparkSession).__module__, tuple(labels))
     keyed = keyset_rows.where(valid).withColumn("keyset", keyset)
     return (
-        events.crossJoin(keyed)
+        # Broadcast whatever the keysets' source: a Python data source (storage/log_source.py) gives the
+        # planner no size, and a big batch would be joined as a Cartesian product, the source read per task.
+        events.crossJoin(F.broadcast(keyed))
         .where(present)
         .withColumn("group_key", group_key)
         .withColumn("shard", shard)

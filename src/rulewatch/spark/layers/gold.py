@@ -103,8 +103,9 @@ def _events(
     # drop rows behind the watermark silently, and late events must be recorded with a reason.
     # Both are read again for every micro-batch: the rules table's keysets, and those the evaluator still
     # holds rules for (a change to the table reaches the evaluator only through its change feed, later).
-    held = tables.read(spark, lakehouse.rule_keysets).select("groupingKeyNames")
-    routed = keysets(tables.read(spark, lakehouse.rules)).unionByName(held).distinct()
+    held = tables.read_each_run(spark, lakehouse.rule_keysets, schema.RULE_KEYSETS).select("groupingKeyNames")
+    rules = tables.read_each_run(spark, lakehouse.rules, StructType([schema.RULES["groupingKeyNames"], schema.RULES["ruleState"]]))
+    routed = keysets(rules).unionByName(held).distinct()
     fanned = fan_out(lines, routed, settings.shard_labels)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(

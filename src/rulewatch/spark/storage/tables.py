@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamReader
 from pyspark.sql.types import StructField, StructType
 
-from rulewatch.spark.storage import first_commit
+from rulewatch.spark.storage import first_commit, log_source
 from rulewatch.spark.storage.delta_log import UNREADABLE, column_names, live_files, may_hold, table_version, whole_history_is_appends
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
@@ -41,6 +41,13 @@ def read(spark: SparkSession, table: str, version: int | None = None) -> DataFra
     if is_table_name(table):
         return reader.table(table_ref(table))
     return reader.format("delta").load(table)
+
+
+def read_each_run(spark: SparkSession, table: str, schema: StructType) -> DataFrame:
+    """A small table's ``schema`` columns as they are whenever the plan runs (each micro-batch of a stream
+    that joins it): from its log's files where they can be read here (``log_source``), else through Delta."""
+    found = log_source.read(spark, table, schema)
+    return read(spark, table).select(*schema.fieldNames()) if found is None else found
 
 
 # What Hadoop's path globbing (spark.read.parquet) or URI parsing would take otherwise than Delta's load does.
