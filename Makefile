@@ -59,9 +59,10 @@ STAMP40 := $(VENV40)/.rulewatch-installed
 # transformWithStateInPandas (it came to Connect in 4.1), so Connect runs on the main leg alone.
 # Gold straight from a Kafka topic (two chained stateful operators, the live default there) against gold from silver.
 # A new table's first commit as that release's Delta writes it (made aside in a session of its own).
+# Gold's routing tables read by a Python data source, whose API came in 4.0.
 SPARK40_TESTS := tests/test_fixtures_oracle.py tests/test_pipeline.py tests/test_silver.py tests/test_bad_input.py tests/test_session.py \
 	tests/test_packing.py tests/test_state_batch.py::test_spark_python_workers_take_the_pipelined_path[classic] tests/test_gold_from_source.py \
-	tests/test_first_commit.py
+	tests/test_first_commit.py tests/test_log_source.py
 
 setup-spark40: $(STAMP40)
 
