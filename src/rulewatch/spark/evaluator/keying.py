@@ -17,12 +17,12 @@ from rulewatch.spark.storage.schema import FIELD_COLUMNS
 
 
 def keysets(rules: DataFrame) -> DataFrame:
-    """Distinct grouping-field lists of rules that are not deleted (paused rules keep history)."""
+    """The grouping-field lists of rules that are not deleted (paused rules keep history), one per rule:
+    the caller makes them distinct, with whatever else it routes to."""
     return (
         rules.where(F.coalesce(F.col("ruleState"), F.lit("ACTIVE")) != "DELETE")
         .where(F.size("groupingKeyNames") > 0)
         .select("groupingKeyNames")
-        .distinct()
     )
 
 

@@ -105,7 +105,8 @@ def _events(
     # holds rules for (a change to the table reaches the evaluator only through its change feed, later).
     held = tables.read_each_run(spark, lakehouse.rule_keysets, schema.RULE_KEYSETS).select("groupingKeyNames")
     rules = tables.read_each_run(spark, lakehouse.rules, StructType([schema.RULES["groupingKeyNames"], schema.RULES["ruleState"]]))
-    routed = keysets(rules).unionByName(held).distinct()
+    # Both are a few rows: one partition makes the distinct one stage, not a shuffle into every partition each batch.
+    routed = keysets(rules).unionByName(held).coalesce(1).distinct()
     fanned = fan_out(lines, routed, settings.shard_labels)
     amount_units = (F.col("payment_amount") * (10**MONEY_SCALE)).cast("long")
     return fanned.select(
