@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType, TimestampType
 
 from rulewatch.spark.evaluator.keying import fan_out
+from rulewatch.spark.layers import gold
+from rulewatch.spark.evaluator.settings import GoldSettings
 from rulewatch.spark.storage import log_source
+from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.storage.schema import FIELD_COLUMNS
 from rulewatch.spark.storage.tables import read_each_run
 
@@ -24,7 +31,9 @@ def _delta(spark, table: str, columns: list[str]) -> list[tuple]:
 
 def test_one_frame_gives_the_rows_delta_gives_after_each_append_delete_overwrite_and_added_column(spark, tmp_path):
     table = str(tmp_path / "t")
-    spark.createDataFrame([("a", 1), ("b", 2)], SCHEMA).write.format("delta").save(table)
+    # A checkpoint every second commit: the later reads start from a checkpoint's Parquet file, not commit 0.
+    spark.sql(f"CREATE TABLE delta.`{table}` (k STRING, n BIGINT) USING delta TBLPROPERTIES (delta.checkpointInterval = 2)")
+    spark.createDataFrame([("a", 1), ("b", 2)], SCHEMA).write.format("delta").mode("append").save(table)
     frame = log_source.read(spark, table, SCHEMA)
     assert frame is not None
     seen = [_rows(frame)]
@@ -41,6 +50,7 @@ def test_one_frame_gives_the_rows_delta_gives_after_each_append_delete_overwrite
     assert _rows(frame) == [("b", 2), ("c", 3), ("d", 4)]
     spark.createDataFrame([("e", 5)], SCHEMA).write.format("delta").mode("overwrite").option("mergeSchema", "true").save(table)
     assert _rows(frame) == _delta(spark, table, ["k", "n"]) == [("e", 5)]
+    assert list(Path(table, "_delta_log").glob("*.checkpoint.parquet"))
 
 
 def test_each_micro_batch_of_a_stream_joined_to_it_sees_the_version_committed_before_it(spark, tmp_path):
@@ -48,7 +58,9 @@ def test_each_micro_batch_of_a_stream_joined_to_it_sees_the_version_committed_be
     spark.createDataFrame([("a", 1)], SCHEMA).write.format("delta").save(table)
     spark.createDataFrame([("e1", 1)], SCHEMA).write.format("delta").save(events)
     seen: dict[int, list] = {}
-    joined = spark.readStream.format("delta").load(events).select("k").crossJoin(read_each_run(spark, table, SCHEMA).select(F.col("k").alias("routed")))
+    routing = log_source.read(spark, table, SCHEMA)
+    assert routing is not None
+    joined = spark.readStream.format("delta").load(events).select("k").crossJoin(routing.select(F.col("k").alias("routed")))
     query = (
         joined.writeStream.foreachBatch(lambda frame, batch: seen.setdefault(batch, _rows(frame)))
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
@@ -72,6 +84,10 @@ def test_a_table_whose_files_alone_do_not_give_its_rows_is_read_through_delta(sp
     assert log_source.read(spark, table, SCHEMA) is None
     assert _rows(read_each_run(spark, table, SCHEMA)) == [("b", 2)]
     assert log_source.read(spark, "main.rulewatch.rules", SCHEMA) is None
+    plain = str(tmp_path / "plain")
+    spark.createDataFrame([("a", 1)], SCHEMA).write.format("delta").save(plain)
+    # A timestamp comes back from pyarrow without its zone from some files: Delta reads it.
+    assert log_source.read(spark, plain, StructType([*SCHEMA.fields, StructField("at", TimestampType())])) is None
 
 
 def test_a_table_that_stops_being_readable_so_fails_the_batch_naming_it_and_a_restart_reads_it_through_delta(spark, tmp_path):
@@ -111,3 +127,27 @@ def test_gold_broadcasts_the_keysets_read_so_to_a_batch_of_any_size(spark, tmp_p
     fan_out(events, keysets, [0, 1]).explain()
     plan = capsys.readouterr().out
     assert "BroadcastNestedLoopJoin" in plan and "CartesianProduct" not in plan
+
+
+def test_a_log_read_while_a_commit_is_out_of_place_is_tried_again_and_a_missing_commit_is_named(spark, tmp_path):
+    table = str(tmp_path / "t")
+    for row in [("a", 1), ("b", 2)]:
+        spark.createDataFrame([row], SCHEMA).write.format("delta").mode("append").save(table)
+    reader = log_source.LogFiles({"path": table}).reader(SCHEMA)
+    commit = Path(table, "_delta_log", f"{0:020d}.json")
+    aside = commit.with_suffix(".aside")
+    os.rename(commit, aside)
+    back = threading.Timer(0.1, os.rename, (aside, commit))
+    back.start()
+    assert sorted(reader.read(None)) == [("a", 1), ("b", 2)]
+    back.join()
+    os.rename(commit, aside)
+    with pytest.raises(CheckpointError, match="missing commit 0"):
+        list(reader.read(None))
+
+
+def test_gold_routes_by_both_tables_read_from_their_logs_files(spark, fixture_run, capsys):
+    capsys.readouterr()
+    gold._events(spark, fixture_run.lakehouse, GoldSettings(), gold.Continued()).explain()
+    plan = capsys.readouterr().out
+    assert plan.count("rulewatch_log_files") == 2 and "BroadcastNestedLoopJoin" in plan

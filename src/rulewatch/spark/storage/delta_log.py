@@ -218,10 +218,11 @@ def column_names(table: str) -> list[str] | None:
     return [f["name"] for f in json.loads(found[-1]["schemaString"])["fields"]] if found else None
 
 
-def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] | None:
+def live_files(table: str, version: int | None = None, counts: bool = True) -> list[dict[str, Any]] | None:
     """The ``add`` actions of the path table's current version (or ``version``), read as plain files; None
     when its rows cannot be read from them alone: no log here, partition columns, column mapping,
-    deletion vectors, any other reader feature, or a file without its row count. ``path`` is made absolute."""
+    deletion vectors, any other reader feature, a file outside the table's folder, or (``counts``, which
+    ``numRecords`` then gives) a file without its row count. ``path`` is made absolute."""
     log = Path(table, "_delta_log")
     if not log.is_dir():
         return None
@@ -252,9 +253,9 @@ def live_files(table: str, version: int | None = None) -> list[dict[str, Any]] |
     files = []
     for add in live.values():
         stats = json.loads(add.get("stats") or "{}")
-        if add.get("deletionVector") or "numRecords" not in stats or _URI.match(add["path"]):
+        if add.get("deletionVector") or (counts and "numRecords" not in stats) or _URI.match(add["path"]):
             return None
-        files.append({**add, "path": str(Path(table, unquote(add["path"]))), "numRecords": stats["numRecords"]})
+        files.append({**add, "path": str(Path(table, unquote(add["path"]))), "numRecords": stats.get("numRecords")})
     return files
 
 
