@@ -15,14 +15,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.spark.layers.bronze import Source, check_source, ensure_bronze_table, start_bronze
 from rulewatch.spark.storage.checkpoints import check_queries, delta_version_read
-from rulewatch.spark.storage.delta_log import UNREADABLE, live_files, table_version
+from rulewatch.spark.storage.delta_log import UNREADABLE, column_values, live_files, table_version
 from rulewatch.spark.layers.gold import GoldSettings, ensure_gold_tables, start_gold
 from rulewatch.spark.storage.lakehouse import Lakehouse, holding
 from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout_s
@@ -225,14 +224,6 @@ class Summary:
         return out
 
 
-def _column_values(files: list[dict], columns: list[str]) -> Iterator[tuple]:
-    """The rows' values of ``columns`` in the table's files (None for a column a file predates)."""
-    for file in files:
-        parquet = pq.ParquetFile(file["path"])
-        table = parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]).to_pydict()
-        yield from zip(*(table.get(c, [None] * file["numRecords"]) for c in columns))
-
-
 def _counted_from_files(lakehouse: Lakehouse) -> dict[str, Any] | None:
     """The summary's figures read from the tables' logs and Parquet files on the driver, without a Spark
     job (a run's summary was ~10 of them: 2 s warm, 3.4 s in a new process, ~12 s on a slow host,
@@ -255,11 +246,11 @@ def _count_files(files: dict[str, list[dict] | None]) -> dict[str, Any] | None:
     if any(found is None for found in files.values()):
         return None
     counted: dict[str, Any] = {name: sum(f["numRecords"] for f in found) for name, found in files.items() if name != "rules"}
-    counted["alerts_per_rule"] = dict(Counter(rule for (rule,) in _column_values(files["alerts"], ["rule_id"])))
+    counted["alerts_per_rule"] = dict(Counter(rule for (rule,) in column_values(files["alerts"], ["rule_id"])))
     lines: Counter[str] = Counter()
     examples: dict[str, str] = {}
     # As the Spark path below: a line failing several checks counts under each code, its example the matching text.
-    for codes, reasons in _column_values(files["quarantined"], ["reason_code", "reason"]):
+    for codes, reasons in column_values(files["quarantined"], ["reason_code", "reason"]):
         texts = reasons.split("; ") if reasons is not None else []
         for i, code in enumerate((codes if codes is not None else "uncoded").split("; ")):
             lines[code] += 1
@@ -272,7 +263,7 @@ def _count_files(files: dict[str, list[dict] | None]) -> dict[str, Any] | None:
 
 
 def _active(rules_files: list[dict]) -> int:
-    return sum(state == "ACTIVE" for (state,) in _column_values(rules_files, ["ruleState"]))
+    return sum(state == "ACTIVE" for (state,) in column_values(rules_files, ["ruleState"]))
 
 
 def _rules_read(lakehouse: Lakehouse) -> tuple[int, int] | None:

@@ -259,6 +259,16 @@ def live_files(table: str, version: int | None = None, counts: bool = True) -> l
     return files
 
 
+def column_values(files: list[dict[str, Any]], columns: list[str]) -> Iterator[tuple]:
+    """The rows' values of ``columns`` in ``live_files``' files, read as Delta reads them: None for a
+    column added to the table after a file was written."""
+    for file in files:
+        with pq.ParquetFile(file["path"]) as parquet:
+            found = parquet.read(columns=[c for c in columns if c in parquet.schema_arrow.names]).to_pydict()
+            rows = parquet.metadata.num_rows
+        yield from zip(*(found.get(c, [None] * rows) for c in columns))
+
+
 def may_hold(add: dict[str, Any], column: str, low_ms: int, high_ms: int) -> bool:
     """Whether a file (a ``live_files`` entry) may hold a value of the timestamp ``column`` within
     [``low_ms``, ``high_ms``] (epoch milliseconds) by its statistics: False only when they rule it out.

@@ -38,6 +38,7 @@ from pyspark.sql import SparkSession
 
 from rulewatch.spark.runtime.env import cache_home, is_databricks
 from rulewatch.spark.runtime.session import is_connect
+from rulewatch.spark.storage.delta_log import UNREADABLE
 from rulewatch.spark.storage.lakehouse import is_table_name, table_ref
 
 COMMIT_0 = f"{0:020d}.json"
@@ -116,7 +117,7 @@ def _made_for(spark: SparkSession, statement: Callable[[str], str]) -> dict[str,
             kept = cache_home() / "first-commits" / f"{key}.json"
             try:
                 _made[key] = _usable(json.loads(kept.read_text()))
-            except (OSError, ValueError, KeyError, TypeError):  # none kept, or one this cannot use: made again
+            except UNREADABLE:  # none kept, or one this cannot use: made again
                 _made[key] = _made_aside(spark, settings, statement)
                 if _made[key] is not _NOT_POSSIBLE:  # a later process tries again
                     _keep(kept, _made[key])

@@ -26,7 +26,7 @@ from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegerType, Lon
 
 from rulewatch.spark.runtime.env import is_databricks
 from rulewatch.spark.runtime.session import foreach_batch_runs_here
-from rulewatch.spark.storage.delta_log import UNREADABLE, CheckpointError, live_files
+from rulewatch.spark.storage.delta_log import UNREADABLE, CheckpointError, column_values, live_files
 from rulewatch.spark.storage.lakehouse import is_table_name
 
 NAME = "rulewatch_log_files"
@@ -92,8 +92,6 @@ class _Reader(DataSourceReader):
         yield from rows
 
     def _rows(self) -> list[tuple]:
-        import pyarrow.parquet as pq
-
         files = live_files(self.table, counts=False)
         if files is None:
             raise UnreadableTable(
@@ -101,11 +99,4 @@ class _Reader(DataSourceReader):
                 "column mapping, partitions, a reader feature or a file outside the table's folder); restart the query, "
                 "which then reads it through Delta"
             )
-        rows: list[tuple] = []
-        for file in files:
-            with pq.ParquetFile(file["path"]) as parquet:
-                found = parquet.read(columns=[c for c in self.columns if c in parquet.schema_arrow.names])
-            # A column added to the table after a file was written is null in that file's rows, as Delta reads them.
-            values = [found.column(c).to_pylist() if c in found.column_names else [None] * found.num_rows for c in self.columns]
-            rows.extend(zip(*values))
-        return rows
+        return list(column_values(files, self.columns))
