@@ -162,6 +162,11 @@ def decided_alerts(spark, lakehouse: Lakehouse) -> list[tuple]:
     return sorted(tuple(r) for r in alerts.select(*[F.col(c).cast("string") for c in decided]).collect())
 
 
+def held_keysets(spark, lakehouse: Lakehouse) -> list[str]:
+    """``gold/rule_keysets``' keysets, sorted with repeats kept: a replayed batch must not add them twice."""
+    return sorted(r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect())
+
+
 def finished_tasks(workers: list[Path], before: set[Path]) -> dict[str, int]:
     """Tasks each worker's executors of the applications started since ``before`` finished, by their logs,
     once the logs have stopped growing for 2 s (executors' lines reach their files through the workers)."""

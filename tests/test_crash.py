@@ -33,7 +33,7 @@ from rulewatch.spark.layers.pipeline import run_bronze, run_gold, run_silver, su
 from rulewatch.spark.storage.sinks import append_once
 from rulewatch.spark.storage.tables import ensure_table
 
-from processes import RULES, attempt, crash_files, decided_alerts, finish, land, metrics_commits, next_batch
+from processes import RULES, attempt, crash_files, decided_alerts, finish, held_keysets, land, metrics_commits, next_batch
 
 pytestmark = [pytest.mark.jvm, pytest.mark.subprocess, pytest.mark.slow]
 
@@ -103,6 +103,7 @@ def test_killed_and_restarted_runs_give_exactly_the_uninterrupted_alerts(spark, 
     assert actual == expected  # no alert missing, none twice
     ids = [r.alert_id for r in spark.read.format("delta").load(crashed.lakehouse.alerts).select("alert_id").collect()]
     assert len(ids) == len(set(ids))
+    assert held_keysets(spark, crashed.lakehouse) == held_keysets(spark, crashed.reference)
 
 
 def test_a_run_prints_no_python_worker_or_banner_lines(crashed):

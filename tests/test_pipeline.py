@@ -20,7 +20,7 @@ from rulewatch.spark.storage import schema
 from rulewatch.spark.storage.checkpoints import delta_version_read
 from rulewatch.spark.storage.delta_log import actions, live_files
 from rulewatch.spark.storage.tables import CHECKPOINT_INTERVAL, ensure_table
-from rulewatch.spark.layers.gold import GoldSettings
+from rulewatch.spark.layers.gold import GoldSettings, HeldKeysets
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.layers.pipeline import Summary, _counted_from_files, run_all, run_bronze, summarize
 from rulewatch.spark.control.rules_table import apply_rules
@@ -373,6 +373,27 @@ def _rule_3_fired_as_if_nothing_changed(spark, lakehouse: Lakehouse, expected_al
 
 def _keysets_held(spark, lakehouse: Lakehouse) -> set[str]:
     return {r.keyset for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect()}
+
+
+def test_the_held_keysets_are_written_once_by_a_replayed_batch_and_replaced_when_they_change(spark, tmp_path):
+    """A new table's first keysets are appended (no overwrite's state rebuild); a query that replays the
+    batch (a new HeldKeysets, as after a restart) finds them and writes nothing; a change replaces them."""
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    ensure_table(spark, lakehouse.rule_keysets, schema.RULE_KEYSETS)
+
+    def rows() -> list[tuple[str, int]]:
+        return sorted((r.keyset, r.gold_batch_id) for r in spark.read.format("delta").load(lakehouse.rule_keysets).collect())
+
+    HeldKeysets(lakehouse).record(spark, ["payeeId"], 0)
+    replayed = HeldKeysets(lakehouse)
+    replayed.record(spark, ["payeeId"], 0)
+    assert rows() == [("payeeId", 0)]
+    replayed.record(spark, ["beneficiaryId,payeeId", "payeeId"], 1)
+    assert rows() == [("beneficiaryId,payeeId", 1), ("payeeId", 1)]
+    HeldKeysets(lakehouse).record(spark, [], 2)
+    assert rows() == []
+    HeldKeysets(lakehouse).record(spark, ["payeeId"], 3)
+    assert rows() == [("payeeId", 3)]
 
 
 def test_rules_changed_before_and_during_a_run_the_summary_and_the_deleted_rule(spark, tmp_path, monkeypatch, expected_alerts):
