@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from rulewatch.spark.storage import first_commit
 from rulewatch.spark.storage.lakehouse import table_ref
+from rulewatch.spark.storage.sinks import together
 from rulewatch.spark.storage.tables import ensure_table
 
 SCHEMA = StructType([StructField("id", LongType(), False), StructField("note", StringType(), metadata={"comment": "a note"})])
@@ -84,6 +86,29 @@ def test_the_sessions_delta_settings_shape_the_commit(spark, tmp_path, kept_in):
     assert "delta.enableDeletionVectors" not in plain["metaData"]["configuration"]
     assert vectors["metaData"]["configuration"]["delta.enableDeletionVectors"] == "true"
     assert "deletionVectors" in vectors["protocol"]["readerFeatures"]
+
+
+def test_tables_created_together_read_the_settings_once_and_each_gets_its_commit(spark, tmp_path, kept_in, monkeypatch):
+    """A lakehouse's creations share one read of the session's settings (a py4j call per setting), in
+    the threads ``together`` runs them in too, and get the commits a lone creation gets; a setting changed
+    before the block still shapes its tables."""
+    ensure_table(spark, str(tmp_path / "alone"), SCHEMA)
+    setting = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+    spark.conf.set(setting, "true")
+    try:
+        ensure_table(spark, str(tmp_path / "vectors_alone"), SCHEMA)
+        reads = []
+        get_all = type(spark.conf).getAll
+        monkeypatch.setattr(type(spark.conf), "getAll", property(lambda conf: reads.append(1) or get_all.fget(conf)))
+        with first_commit.settings_read_once(spark):
+            together([partial(ensure_table, spark, str(tmp_path / name), SCHEMA) for name in ("x", "y", "z")])
+        monkeypatch.undo()
+    finally:
+        spark.conf.unset(setting)
+    assert len(reads) == 1
+    vectors = _shared(_commit_0(str(tmp_path / "vectors_alone")))
+    assert [_shared(_commit_0(str(tmp_path / name))) for name in ("x", "y", "z")] == [vectors] * 3
+    assert vectors != _shared(_commit_0(str(tmp_path / "alone"))) and "deletionVectors" in vectors["protocol"]["readerFeatures"]
 
 
 def test_a_folder_with_anything_in_it_is_left_to_delta(spark, tmp_path, kept_in):

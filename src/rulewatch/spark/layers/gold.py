@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType, StructField, StructType
 
-from rulewatch.spark.storage import schema, tables
+from rulewatch.spark.storage import first_commit, schema, tables
 from rulewatch.spark.storage.checkpoints import SILVER_AFTER_BATCH, STARTING_VERSIONS, WATERMARK_FLOOR, batch_base, check_gold_layout, gold_record
 from rulewatch.spark.storage.delta_log import CheckpointError
 from rulewatch.spark.control.commands import command_stream, ensure_commands_table
@@ -458,21 +458,22 @@ def _state_totals_of(holder: dict) -> StateTotals:
 
 def ensure_gold_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Gold's tables and the rules' (created together: each is mostly the driver waiting on its log)."""
-    together([
-        partial(ensure_rules_table, spark, lakehouse),
-        partial(ensure_commands_table, spark, lakehouse),
-        partial(tables.ensure_table, spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event"),
-        partial(
-            tables.ensure_table, spark, lakehouse.window_metrics, schema.WINDOW_METRICS,
-            "Window aggregate per rule and key near its limit (or every key touched), and per rule the keys evaluated, per micro-batch",
-            stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
-        ),
-        partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
-        partial(tables.ensure_table, spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed"),
-        partial(tables.ensure_table, spark, lakehouse.rule_keysets, schema.RULE_KEYSETS,
-                "Grouping-field sets gold's evaluator holds rules for; events are routed to them until a rule change reaches it"),
-        partial(ensure_metrics_table, spark, lakehouse),
-    ])  # fmt: skip
+    with first_commit.settings_read_once(spark):
+        together([
+            partial(ensure_rules_table, spark, lakehouse),
+            partial(ensure_commands_table, spark, lakehouse),
+            partial(tables.ensure_table, spark, lakehouse.alerts, schema.ALERTS, "One row per rule firing on an event"),
+            partial(
+                tables.ensure_table, spark, lakehouse.window_metrics, schema.WINDOW_METRICS,
+                "Window aggregate per rule and key near its limit (or every key touched), and per rule the keys evaluated, per micro-batch",
+                stats_columns=["rule_id", "group_key", "event_time", "gold_batch_id"],
+            ),
+            partial(tables.ensure_table, spark, lakehouse.late_events, schema.LATE_EVENTS, "Events beyond the allowed lateness: recorded, not evaluated"),
+            partial(tables.ensure_table, spark, lakehouse.rule_errors, schema.RULE_ERRORS, "Rule rows that failed validation; never executed"),
+            partial(tables.ensure_table, spark, lakehouse.rule_keysets, schema.RULE_KEYSETS,
+                    "Grouping-field sets gold's evaluator holds rules for; events are routed to them until a rule change reaches it"),
+            partial(ensure_metrics_table, spark, lakehouse),
+        ])  # fmt: skip
 
 
 def query_confs(spark: SparkSession, settings: GoldSettings) -> ContextManager[None]:

@@ -31,7 +31,7 @@ from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, flus
 from rulewatch.spark.control.rules_table import RuleChange, apply_rules, checked_rules_file, finish_rule_history, start_rule_history
 from rulewatch.spark.runtime.session import foreach_batch_runs_here, is_connect
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
-from rulewatch.spark.storage import schema, tables
+from rulewatch.spark.storage import first_commit, schema, tables
 from rulewatch.spark.storage.sinks import beside, together
 
 Log = Callable[[str], None]
@@ -77,8 +77,9 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
 
     The layers' tables are created at once (each creation is mostly the driver waiting on its log),
     after the metrics table they share: two creations of one table at once would conflict."""
-    ensure_metrics_table(spark, lakehouse)
-    together([partial(ensure, spark, lakehouse) for ensure in (ensure_bronze_table, ensure_silver_tables, ensure_gold_tables)])
+    with first_commit.settings_read_once(spark):
+        ensure_metrics_table(spark, lakehouse)
+        together([partial(ensure, spark, lakehouse) for ensure in (ensure_bronze_table, ensure_silver_tables, ensure_gold_tables)])
 
 
 JOB_LAYERS = ("bronze", "silver", "gold")

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from rulewatch.engine.identity import EDGE_CHARACTERS, composed
-from rulewatch.spark.storage import schema, tables
+from rulewatch.spark.storage import first_commit, schema, tables
 from rulewatch.spark.storage.lakehouse import Lakehouse
 from rulewatch.spark.storage.metrics import Recorder, Steps, ensure_metrics_table
 from rulewatch.engine.rules import parse_duration
@@ -520,16 +520,17 @@ def process_batch(batch: DataFrame, batch_id: int, lakehouse: Lakehouse, recorde
 
 def ensure_silver_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     """Silver's tables and the pipeline metrics (created together, as gold's are)."""
-    together([
-        partial(ensure_metrics_table, spark, lakehouse),
-        # Statistics for the duplicate lookup (batch, event time), explaining an alert (time, id, key, ingest time).
-        partial(
-            tables.ensure_table, spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions",
-            stats_columns=["event_time", "silver_batch_id", "transaction_id", "payee_id", "ingest_time"],
-        ),
-        partial(tables.ensure_table, spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons"),
-        partial(tables.ensure_table, spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)"),
-    ])  # fmt: skip
+    with first_commit.settings_read_once(spark):
+        together([
+            partial(ensure_metrics_table, spark, lakehouse),
+            # Statistics for the duplicate lookup (batch, event time), explaining an alert (time, id, key, ingest time).
+            partial(
+                tables.ensure_table, spark, lakehouse.silver_transactions, schema.SILVER, "Typed, validated, de-duplicated transactions",
+                stats_columns=["event_time", "silver_batch_id", "transaction_id", "payee_id", "ingest_time"],
+            ),
+            partial(tables.ensure_table, spark, lakehouse.silver_quarantine, schema.QUARANTINE, "Bronze lines that failed validation, with reasons"),
+            partial(tables.ensure_table, spark, lakehouse.silver_duplicates, schema.DUPLICATES, "Repeated transaction ids (first occurrence wins)"),
+        ])  # fmt: skip
 
 
 def start_silver(

@@ -31,8 +31,10 @@ import tempfile
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pyspark.sql import SparkSession
 
@@ -55,6 +57,42 @@ _PROPERTIES = {
 _NOT_POSSIBLE: dict[str, Any] = {}  # in place of a commit a statement's table is not copied from (this process only)
 _made: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()
+
+
+class _ReadOnce:
+    """A session's shaping settings, read by the first creation in a ``settings_read_once`` block that needs them."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark, self.lock, self.settings = spark, threading.Lock(), None
+
+    def of(self, spark: SparkSession) -> dict[str, str]:
+        if spark is not self.spark:
+            return _shaping(spark)
+        with self.lock:
+            if self.settings is None:
+                self.settings = _shaping(spark)
+            return self.settings
+
+
+_READ_ONCE: ContextVar[_ReadOnce | None] = ContextVar("rulewatch_first_commit_settings", default=None)
+
+
+@contextmanager
+def settings_read_once(spark: SparkSession) -> Iterator[None]:
+    """Tables created in the block, and in the threads it starts through ``sinks.together`` (which carry its
+    context), take the session's settings as first read in it: each read is a py4j call per setting
+    (~30 ms), which a fresh lakehouse's dozen creations made ~0.2 s of a warm run's ~5 s. A setting
+    changed inside the block is not seen by its later creations, so blocks hold creations alone."""
+    token = _READ_ONCE.set(_ReadOnce(spark)) if _READ_ONCE.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _READ_ONCE.reset(token)
+
+
+def _shaping(spark: SparkSession) -> dict[str, str]:
+    return {k: v for k, v in spark.conf.getAll.items() if k.startswith(_SHAPING) and k not in _VOLATILE}
 
 
 def create(spark: SparkSession, table: str, statement: Callable[[str], str]) -> bool:
@@ -110,7 +148,8 @@ def _own(made: dict[str, Any]) -> tuple[list[dict], dict]:
 def _made_for(spark: SparkSession, statement: Callable[[str], str]) -> dict[str, Any]:
     """The first commit's actions and checksum Delta writes for ``statement`` in this session, or
     ``_NOT_POSSIBLE``."""
-    settings = {k: v for k, v in spark.conf.getAll.items() if k.startswith(_SHAPING) and k not in _VOLATILE}
+    held = _READ_ONCE.get()
+    settings = held.of(spark) if held is not None else _shaping(spark)
     key = hashlib.sha256(json.dumps([spark.version, sorted(settings.items()), statement("<table>")]).encode()).hexdigest()[:32]
     with _lock:
         if key not in _made:
