@@ -442,6 +442,14 @@ def _repeats(valid: DataFrame, earlier: DataFrame | None, horizon_ms: int) -> Da
     )
 
 
+@cache
+def _classify_columns(session_kind: str) -> tuple[Column, Column]:
+    """``write_classified``'s columns that read no setting, built once per session kind as parse's are
+    (~100 ms of calls into the JVM a batch otherwise): whether a row's ids hold non-ASCII text, and the
+    codes of its reasons."""
+    return _non_ascii(ID_COLUMNS), reason_codes(F.col("reasons"))
+
+
 def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, layer: str = "silver") -> dict[str, Any]:
     """Numbered bronze lines -> silver / quarantine / duplicates as batch ``batch_id`` of query ``layer``.
 
@@ -455,8 +463,9 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
     parsed = rows = parse(lines).withColumn("_valid", F.size("reasons") == 0).persist()
     repeats = None
     try:
+        non_ascii_ids, codes = _classify_columns(type(spark).__module__)
         valid_time = F.when(F.col("_valid"), F.col("event_time"))
-        needs_nfc = F.col("_valid") & _non_ascii(ID_COLUMNS)
+        needs_nfc = F.col("_valid") & non_ascii_ids
         with steps("parse"):
             low, high, low_ms, high_ms, valid_n, total, non_ascii = rows.agg(
                 F.min(valid_time), F.max(valid_time), F.unix_millis(F.min(valid_time)), F.unix_millis(F.max(valid_time)),
@@ -485,7 +494,7 @@ def write_classified(lines: DataFrame, batch_id: int, lakehouse: Lakehouse, laye
             ("accepted", lakehouse.silver_transactions, "transactions",
              [*[c for c in schema.SILVER.fieldNames() if c != "silver_batch_id"], batch]),
             ("quarantined", lakehouse.silver_quarantine, "quarantine",
-             ["value", F.concat_ws("; ", "reasons").alias("reason"), reason_codes(F.col("reasons")).alias("reason_code"),
+             ["value", F.concat_ws("; ", "reasons").alias("reason"), codes.alias("reason_code"),
               "source_file", "ingest_time", batch]),
             ("duplicates", lakehouse.silver_duplicates, "duplicates",
              ["transaction_id", "value", "source_file", "ingest_time", batch, F.col("_repeat_conflict").alias("conflict")]),
