@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from decimal import Decimal
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 from typing import Any, Callable, ContextManager
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -250,60 +250,23 @@ def write_batch(
     out = out.persist()
     try:
         batch = batch_column("gold_batch_id", batch_id)
-        kept = kept_metric() if window_metrics == "near" else F.lit(True)
+        columns = _batch_columns(type(out.sparkSession).__module__, window_metrics == "near", on_alerts is not None)
         with steps("evaluate"):  # the first job over ``out``: the evaluator's batch runs in it
-            counts, summaries = _counts(out, kept, details=on_alerts is not None)
+            counts, summaries = _counts(out, columns.aggregates)
         # One time for the batch's alerts, taken once the evaluator has decided: the topic's records
         # and the table's rows are separate jobs and must carry the same.
         # In microseconds since the epoch: a datetime literal is TIMESTAMP_NTZ under Spark Connect when the
         # session's timestampType says so, and costs the client a round trip to ask.
         decision = F.timestamp_micros(F.lit(time.time_ns() // 1000))
         alerts = out.where("kind = 'alert'").select(
-            F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
-            "rule_id",
-            "rule_version",
-            F.col("detail").alias("rule_description"),
-            "group_key",
-            F.map_from_arrays(F.split("keyset", ","), "key_values").alias("key_parts"),
-            "transaction_id",
-            _ts("event_ms").alias("event_time"),
-            _ts("ingest_ms").alias("ingest_time"),
-            "aggregator",
-            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
-            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
-            "operator",
-            _ts("window_start_ms").alias("window_start"),
-            _ts("window_end_ms").alias("window_end"),
-            "event_count",
-            "distinct_values",
+            *columns.alerts,
             decision.alias("decision_time"),
             (F.unix_millis(decision) - F.col("ingest_ms")).alias("latency_ms"),
             batch,
         )
-        per_key = out.where((F.col("kind") == "metric") & kept).select(
-            "rule_id",
-            "rule_version",
-            "group_key",
-            _ts("event_ms").alias("event_time"),
-            F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
-            F.col("max_aggregate").cast(schema.AGGREGATE).alias("max_aggregate"),
-            F.col("limit_value").cast("decimal(38,10)").alias("limit"),
-            "operator",
-            "event_count",
-            _ts("window_start_ms").alias("window_start"),
-            _ts("window_end_ms").alias("window_end"),
-            batch,
-        )
-        late = out.where("kind = 'late'").select(
-            "transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason"), batch
-        )
-        errors = out.where("kind = 'rule_error'").select(
-            "rule_id",
-            F.col("rule_version").alias("commit_version"),
-            F.col("aggregator").alias("field"),
-            F.col("detail").alias("reason"),
-            batch,
-        )
+        per_key = out.where(columns.kept_metrics).select(*columns.metrics, batch)
+        late = out.where("kind = 'late'").select(*columns.late, batch)
+        errors = out.where("kind = 'rule_error'").select(*columns.errors, batch)
         fired = counts.pop("fired")
         metrics = per_key
         if summaries:  # each rule's summary row rides in the per-key rows' append: a table of its own costs a commit a batch
@@ -399,36 +362,92 @@ SUMMARY_SCHEMA = "rule_id int, rule_version long, keys_evaluated long, keys_sket
 _SUMS = ("alerts", "metrics", "late_events", "rule_errors", "rows_in", "keys_touched", "state_rows_written", "state_bytes_written")
 
 
-def _counts(out: DataFrame, kept: F.Column, details: bool = False) -> tuple[dict[str, Any], list[tuple]]:
-    """Row counts per output table (``kept``: the window metrics written), the batch's evaluator
-    statistics and the alerts' times (with ``details``, their ALERT_FIELDS), and each rule's summary
-    row (rule, version, keys evaluated, their sketch), in one pass grouped by rule.
+@dataclass(frozen=True)
+class _BatchColumns:
+    """``write_batch``'s columns that depend on no batch: ``_counts``' aggregates and each table's columns
+    but the batch's own (its id, the alerts' decision time)."""
 
-    The evaluator sees all of a shard's rows at once, so a key is one metric row per rule in a batch."""
+    aggregates: list[F.Column]
+    alerts: list[F.Column]
+    kept_metrics: F.Column  # the window metric rows written
+    metrics: list[F.Column]
+    late: list[F.Column]
+    errors: list[F.Column]
+
+
+@cache
+def _batch_columns(session_kind: str, near_only: bool, details: bool) -> _BatchColumns:
+    """Built once per session kind (a classic session's columns are JVM objects that a Spark Connect plan
+    cannot carry) and setting, as silver's parse is: ~750 calls into the JVM a batch otherwise."""
+    kept = kept_metric() if near_only else F.lit(True)
+    alerts = [
+        F.sha2(F.concat_ws("\x1f", "rule_id", "group_key", "transaction_id"), 256).substr(1, 32).alias("alert_id"),
+        "rule_id",
+        "rule_version",
+        F.col("detail").alias("rule_description"),
+        "group_key",
+        F.map_from_arrays(F.split("keyset", ","), "key_values").alias("key_parts"),
+        "transaction_id",
+        _ts("event_ms").alias("event_time"),
+        _ts("ingest_ms").alias("ingest_time"),
+        "aggregator",
+        F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+        F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+        "operator",
+        _ts("window_start_ms").alias("window_start"),
+        _ts("window_end_ms").alias("window_end"),
+        "event_count",
+        "distinct_values",
+    ]
+    metrics = [
+        "rule_id",
+        "rule_version",
+        "group_key",
+        _ts("event_ms").alias("event_time"),
+        F.col("aggregate_value").cast(schema.AGGREGATE).alias("aggregate_value"),
+        F.col("max_aggregate").cast(schema.AGGREGATE).alias("max_aggregate"),
+        F.col("limit_value").cast("decimal(38,10)").alias("limit"),
+        "operator",
+        "event_count",
+        _ts("window_start_ms").alias("window_start"),
+        _ts("window_end_ms").alias("window_end"),
+    ]
+    late = ["transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason")]
+    errors = ["rule_id", F.col("rule_version").alias("commit_version"), F.col("aggregator").alias("field"), F.col("detail").alias("reason")]
+    return _BatchColumns(_aggregates(kept, details), alerts, (F.col("kind") == "metric") & kept, metrics, late, errors)
+
+
+def _aggregates(kept: F.Column, details: bool) -> list[F.Column]:
+    """``_counts``' aggregates per rule (``kept``: the window metrics written; with ``details``, each alert's ALERT_FIELDS)."""
     kind = F.col("kind")
     metric = kind == "metric"
     aggregate = F.col("aggregate_value").cast(schema.AGGREGATE).cast("string").alias("aggregate")
     fired = F.struct(*ALERT_FIELDS[:3], aggregate, *ALERT_FIELDS[4:]) if details else F.struct("ingest_ms", "event_ms")
-    groups = (
-        out.groupBy("rule_id", "rule_version")
-        .agg(
-            F.count(F.when(kind == "alert", 1)).alias("alerts"),
-            F.collect_list(F.when(kind == "alert", fired)).alias("fired"),
-            F.count(F.when(metric & kept, 1)).alias("metrics"),
-            F.count(F.when(metric, 1)).alias("keys_evaluated"),
-            F.hll_sketch_agg(F.when(metric, F.col("group_key")), HLL_LG_CONFIG_K).alias("keys_sketch"),
-            F.count(F.when(kind == "late", 1)).alias("late_events"),
-            F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
-            _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
-            _total("keys_touched").alias("keys_touched"),
-            _total("state_rows").alias("state_rows_written"),
-            _total("state_bytes").alias("state_bytes_written"),
-            F.max("active_rules").alias("active_rules"),
-            F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
-            F.max(F.when(kind == "stats", F.col("key_values"))).alias("keysets"),
-        )
-        .collect()
-    )
+    return [
+        F.count(F.when(kind == "alert", 1)).alias("alerts"),
+        F.collect_list(F.when(kind == "alert", fired)).alias("fired"),
+        F.count(F.when(metric & kept, 1)).alias("metrics"),
+        F.count(F.when(metric, 1)).alias("keys_evaluated"),
+        F.hll_sketch_agg(F.when(metric, F.col("group_key")), HLL_LG_CONFIG_K).alias("keys_sketch"),
+        F.count(F.when(kind == "late", 1)).alias("late_events"),
+        F.count(F.when(kind == "rule_error", 1)).alias("rule_errors"),
+        _total(F.when(kind == "stats", F.col("event_count"))).alias("rows_in"),
+        _total("keys_touched").alias("keys_touched"),
+        _total("state_rows").alias("state_rows_written"),
+        _total("state_bytes").alias("state_bytes_written"),
+        F.max("active_rules").alias("active_rules"),
+        F.max(F.when(kind == "stats", F.col("rule_version"))).alias("rules_version"),
+        F.max(F.when(kind == "stats", F.col("key_values"))).alias("keysets"),
+    ]
+
+
+def _counts(out: DataFrame, aggregates: list[F.Column]) -> tuple[dict[str, Any], list[tuple]]:
+    """Row counts per output table, the batch's evaluator statistics and the alerts' times (or their
+    ALERT_FIELDS), and each rule's summary row (rule, version, keys evaluated, their sketch), in one pass
+    grouped by rule (``aggregates``: ``_aggregates``').
+
+    The evaluator sees all of a shard's rows at once, so a key is one metric row per rule in a batch."""
+    groups = out.groupBy("rule_id", "rule_version").agg(*aggregates).collect()
     counts: dict[str, Any] = {name: sum(g[name] for g in groups) for name in _SUMS}
     counts["fired"] = [alert for g in groups for alert in g.fired]
     for name in ("active_rules", "rules_version", "keysets"):

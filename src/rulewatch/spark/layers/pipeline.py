@@ -28,7 +28,9 @@ from rulewatch.kafka.health import TIMEOUT_ENV, KafkaUnreachable, Watch, timeout
 from rulewatch.kafka.source import KafkaSource
 from rulewatch.spark.layers.landing import LandingReport, audit
 from rulewatch.spark.storage.metrics import Recorder, ensure_metrics_table, flush_pending
-from rulewatch.spark.control.rules_table import RuleChange, apply_rules, checked_rules_file, finish_rule_history, start_rule_history
+from rulewatch.spark.control.rules_table import (
+    RuleChange, apply_rules, checked_rules_file, ensure_rule_history_table, finish_rule_history, start_rule_history,
+)  # fmt: skip
 from rulewatch.spark.runtime.session import foreach_batch_runs_here, is_connect
 from rulewatch.spark.layers.silver import ensure_silver_tables, start_silver
 from rulewatch.spark.storage import first_commit, schema, tables
@@ -79,7 +81,10 @@ def ensure_all_tables(spark: SparkSession, lakehouse: Lakehouse) -> None:
     after the metrics table they share: two creations of one table at once would conflict."""
     with first_commit.settings_read_once(spark):
         ensure_metrics_table(spark, lakehouse)
-        together([partial(ensure, spark, lakehouse) for ensure in (ensure_bronze_table, ensure_silver_tables, ensure_gold_tables)])
+        together([
+            partial(ensure, spark, lakehouse)
+            for ensure in (ensure_bronze_table, ensure_silver_tables, ensure_gold_tables, ensure_rule_history_table)
+        ])
 
 
 JOB_LAYERS = ("bronze", "silver", "gold")
