@@ -99,16 +99,19 @@ def test_tables_created_together_read_the_settings_once_and_each_gets_its_commit
         ensure_table(spark, str(tmp_path / "vectors_alone"), SCHEMA)
         reads = []
         get_all = type(spark.conf).getAll
-        monkeypatch.setattr(type(spark.conf), "getAll", property(lambda conf: reads.append(1) or get_all.fget(conf)))
-        with first_commit.settings_read_once(spark):
-            together([partial(ensure_table, spark, str(tmp_path / name), SCHEMA) for name in ("x", "y", "z")])
-        monkeypatch.undo()
+        with monkeypatch.context() as counting:
+            counting.setattr(type(spark.conf), "getAll", property(lambda conf: reads.append(1) or get_all.fget(conf)))
+            with first_commit.settings_read_once(spark):
+                together([partial(ensure_table, spark, str(tmp_path / name), SCHEMA) for name in ("x", "y", "z")])
     finally:
         spark.conf.unset(setting)
     assert len(reads) == 1
     vectors = _shared(_commit_0(str(tmp_path / "vectors_alone")))
     assert [_shared(_commit_0(str(tmp_path / name))) for name in ("x", "y", "z")] == [vectors] * 3
     assert vectors != _shared(_commit_0(str(tmp_path / "alone"))) and "deletionVectors" in vectors["protocol"]["readerFeatures"]
+    with first_commit.settings_read_once(spark):  # a later block reads the settings as they are then
+        ensure_table(spark, str(tmp_path / "after"), SCHEMA)
+    assert _shared(_commit_0(str(tmp_path / "after"))) == _shared(_commit_0(str(tmp_path / "alone")))
 
 
 def test_a_folder_with_anything_in_it_is_left_to_delta(spark, tmp_path, kept_in):

@@ -388,6 +388,9 @@ def test_the_held_keysets_are_written_once_by_a_replayed_batch_and_replaced_when
     replayed = HeldKeysets(lakehouse)
     replayed.record(spark, ["payeeId"], 0)
     assert rows() == [("payeeId", 0)]
+    actions = [json.loads(line) for line in Path(lakehouse.rule_keysets, "_delta_log", f"{1:020d}.json").read_text().splitlines()]
+    assert [a["commitInfo"]["operationParameters"]["mode"] for a in actions if "commitInfo" in a] == ["Append"]
+    assert not Path(lakehouse.rule_keysets, "_delta_log", f"{2:020d}.json").exists()  # the replay wrote nothing
     replayed.record(spark, ["beneficiaryId,payeeId", "payeeId"], 1)
     assert rows() == [("beneficiaryId,payeeId", 1), ("payeeId", 1)]
     HeldKeysets(lakehouse).record(spark, [], 2)

@@ -367,12 +367,12 @@ class _BatchColumns:
     """``write_batch``'s columns that depend on no batch: ``_counts``' aggregates and each table's columns
     but the batch's own (its id, the alerts' decision time)."""
 
-    aggregates: list[F.Column]
-    alerts: list[F.Column]
+    aggregates: tuple[F.Column, ...]
+    alerts: tuple[F.Column | str, ...]
     kept_metrics: F.Column  # the window metric rows written
-    metrics: list[F.Column]
-    late: list[F.Column]
-    errors: list[F.Column]
+    metrics: tuple[F.Column | str, ...]
+    late: tuple[F.Column | str, ...]
+    errors: tuple[F.Column | str, ...]
 
 
 @cache
@@ -414,7 +414,8 @@ def _batch_columns(session_kind: str, near_only: bool, details: bool) -> _BatchC
     ]
     late = ["transaction_id", "keyset", "group_key", _ts("event_ms").alias("event_time"), F.col("detail").alias("reason")]
     errors = ["rule_id", F.col("rule_version").alias("commit_version"), F.col("aggregator").alias("field"), F.col("detail").alias("reason")]
-    return _BatchColumns(_aggregates(kept, details), alerts, (F.col("kind") == "metric") & kept, metrics, late, errors)
+    kept_metrics = (F.col("kind") == "metric") & kept
+    return _BatchColumns(tuple(_aggregates(kept, details)), tuple(alerts), kept_metrics, tuple(metrics), tuple(late), tuple(errors))
 
 
 def _aggregates(kept: F.Column, details: bool) -> list[F.Column]:
@@ -441,7 +442,7 @@ def _aggregates(kept: F.Column, details: bool) -> list[F.Column]:
     ]
 
 
-def _counts(out: DataFrame, aggregates: list[F.Column]) -> tuple[dict[str, Any], list[tuple]]:
+def _counts(out: DataFrame, aggregates: tuple[F.Column, ...]) -> tuple[dict[str, Any], list[tuple]]:
     """Row counts per output table, the batch's evaluator statistics and the alerts' times (or their
     ALERT_FIELDS), and each rule's summary row (rule, version, keys evaluated, their sketch), in one pass
     grouped by rule (``aggregates``: ``_aggregates``').
