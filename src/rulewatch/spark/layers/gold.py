@@ -313,9 +313,9 @@ def write_batch(
 class HeldKeysets:
     """``gold/rule_keysets``: the keysets the evaluator held rules for after its newest batch that said.
 
-    Rewritten (one small overwrite, so a replayed batch writes the same) only when they change, which
-    is when a rule change that adds or drops a keyset reaches the evaluator. A replayed batch finds what
-    it wrote in the table, so it writes nothing again."""
+    Written only when they change, which is when a rule change that adds or drops a keyset reaches the
+    evaluator: one small overwrite, or an append while the table holds no row. A replayed batch finds
+    what it wrote in the table and writes nothing again."""
 
     def __init__(self, lakehouse: Lakehouse) -> None:
         self.lakehouse = lakehouse
